@@ -1,0 +1,126 @@
+"""Microseconds per scheduling decision: the fast stability scorer against the per-task Python loop.
+
+Both decide on the same random queue states in the same run (interleaved, so machine noise hits
+both alike); every decision is checked to agree. Scales: the paper's (3 models x 4 exits x
+B_max 10, ~30 queued tasks), a middle one, and 16 models with 1000 queued tasks; plus requests
+carrying their own deadlines (the exact fallback path).
+
+    .venv/bin/python benchmarks/decision_cost.py            # ~1 minute on 2 cores
+    .venv/bin/python benchmarks/decision_cost.py --states 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from edgeserve.scheduler.latency import LatencyModel
+from edgeserve.scheduler.queues import TaskQueue
+from edgeserve.scheduler.stability import StabilityPolicy
+from edgeserve.scheduler.synthetic import paper_gpu_profiles
+from edgeserve.scheduler.urgency import Urgency
+
+SLO = 0.050
+
+
+@dataclass(frozen=True)
+class Scale:
+    label: str
+    models: int
+    tasks: int
+    mixed_budgets: bool = False
+    exit_rule: str = "adaptive"
+
+
+SCALES = (
+    Scale("paper: 3 models x 4 exits x B10, 30 tasks", 3, 30),
+    Scale("16 models, 200 tasks", 16, 200),
+    Scale("16 models, 1000 tasks", 16, 1000),
+    Scale("paper scale, per-request deadlines", 3, 30, mixed_budgets=True),
+    Scale("16 models, 1000 tasks, per-request deadlines", 16, 1000, mixed_budgets=True),
+    Scale("paper scale, edgeserve 'safe' exit rule", 3, 30, exit_rule="safe"),
+    Scale("16 models, 1000 tasks, 'safe' exit rule", 16, 1000, exit_rule="safe"),
+)
+
+
+def latency_model(n_models: int) -> LatencyModel:
+    """The synthetic paper profile, repeated with latency scale factors up to n_models models."""
+    base = LatencyModel.from_profiles(paper_gpu_profiles(samples=20))
+    models = []
+    for i in range(n_models):
+        src = base.models[i % 3]
+        factor = 1.0 + 0.15 * (i // 3)
+        models.append(replace(src, name=f"{src.name}-{i}", seconds=src.seconds * factor))
+    return LatencyModel(tuple(models))
+
+
+def random_state(rng: np.random.Generator, scale: Scale, now: float) -> list[TaskQueue]:
+    """Tasks spread over the models, ages uniform in [0, 1.5 SLO] (some already late, some clipped)."""
+    queues = [TaskQueue() for _ in range(scale.models)]
+    ages = np.sort(rng.uniform(0.0, 1.5 * SLO, scale.tasks))[::-1]
+    owners = rng.integers(0, scale.models, scale.tasks)
+    for k, (age, m) in enumerate(zip(ages, owners, strict=True)):
+        budget = SLO * float(rng.choice([0.6, 1.0, 2.0])) if scale.mixed_budgets else SLO
+        queues[m].push(k, now - float(age), budget)
+    return queues
+
+
+def measure(scale: Scale, states: int, repeat: int, seed: int = 0) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+    latency = latency_model(scale.models)
+    fast = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="fast")
+    loop = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="loop")
+    fast_us, loop_us = [], []
+    now = 1000.0
+    for _ in range(states):
+        queues = random_state(rng, scale, now)
+        a, b = fast.decide(queues, now), loop.decide(queues, now)
+        assert a is not None and b is not None and (a.model, a.exit, a.batch) == (b.model, b.exit, b.batch)
+        for _ in range(repeat):
+            t0 = time.perf_counter_ns()
+            fast.decide(queues, now)
+            t1 = time.perf_counter_ns()
+            loop.decide(queues, now)
+            t2 = time.perf_counter_ns()
+            fast_us.append((t1 - t0) / 1000.0)
+            loop_us.append((t2 - t1) / 1000.0)
+    f, lo = np.array(fast_us), np.array(loop_us)
+    return {
+        "fast_p50": float(np.percentile(f, 50)),
+        "fast_p99": float(np.percentile(f, 99)),
+        "loop_p50": float(np.percentile(lo, 50)),
+        "loop_p99": float(np.percentile(lo, 99)),
+        "speedup_p50": float(np.percentile(lo, 50) / np.percentile(f, 50)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--states", type=int, default=200, help="random queue states per scale (default 200)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed decisions per state (default 5)")
+    args = parser.parse_args()
+
+    print(f"us per decision (StabilityPolicy.decide, {Urgency().describe()}); loop = per-task Python loop,")
+    print("timed on the same states in the same run")
+    header = (
+        f"{'scale':48s} {'fast p50':>9s} {'fast p99':>9s} {'loop p50':>9s} {'loop p99':>9s} {'loop/fast':>9s}"
+    )
+    print(header)
+    print("-" * len(header))
+    for scale in SCALES:
+        repeat = args.repeat if scale.tasks <= 200 else max(1, args.repeat // 5)
+        r = measure(scale, args.states, repeat)
+        print(
+            f"{scale.label:48s} {r['fast_p50']:9.1f} {r['fast_p99']:9.1f} {r['loop_p50']:9.1f} "
+            f"{r['loop_p99']:9.1f} {r['speedup_p50']:8.1f}x"
+        )
+    print("targets: paper scale fast p50 <= 50 us; 16 x 1000 loop/fast >= 10x. All decisions agreed.")
+
+
+if __name__ == "__main__":
+    main()

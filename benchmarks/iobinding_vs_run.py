@@ -1,0 +1,85 @@
+"""Does chaining stages with IO binding cost anything on the CPU compared with plain `session.run`?
+
+The ONNX Runtime backend chains stages with IO binding everywhere (so the CUDA path is the path
+the CPU tests exercise). This runs both chains on the *same* sessions (the backend's), alternating
+per repetition so drift and cache state hit both alike, and prints medians per (exit, batch).
+A third column is the full `backend.run` (input validation included).
+
+    .venv/bin/python benchmarks/iobinding_vs_run.py --repository engines --model resnet50 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edgeserve.repository import ModelRepository
+from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend, StageSession, run_chain
+
+
+def chain_with_run(stages: list[StageSession], x: np.ndarray) -> np.ndarray:
+    """The alternative: numpy in, numpy out of every stage."""
+    h = x
+    for i, stage in enumerate(stages):
+        out = stage.spec.logits if i == len(stages) - 1 else stage.spec.features
+        assert out is not None
+        (h,) = stage.session.run([out.name], {stage.spec.input.name: h})
+    return h
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repository", type=Path, default=Path("engines"))
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--batches", default="1,4,10")
+    args = parser.parse_args()
+
+    repository = ModelRepository(args.repository)
+    manifest = repository.load_manifest(args.model)
+    backend = OnnxRuntimeBackend(repository, threads=args.threads, providers=["cpu"], warmup=0)
+    backend.load(manifest)
+    sessions = backend.stage_sessions(args.model)
+    rng = np.random.default_rng(0)
+    print(
+        f"{args.model}: median ms of {args.repeats} runs, {args.threads} thread(s), "
+        f"onnxruntime {ort.__version__}"
+    )
+    print(f"{'exit':>8} {'batch':>5} {'run':>9} {'iobinding':>9} {'diff %':>7} {'backend':>9}")
+    for exit, spec in enumerate(manifest.exits):
+        stages = sessions[: spec.stage + 1]
+        for batch in (int(b) for b in args.batches.split(",")):
+            x = rng.standard_normal((batch, *manifest.input.shape)).astype(np.float32)
+            variants: dict[str, Callable[[], np.ndarray]] = {
+                "run": lambda s=stages, x=x: chain_with_run(s, x),
+                "iobinding": lambda s=stages, x=x: run_chain(s, x),
+                "backend": lambda e=exit, x=x: backend.run(args.model, e, x),
+            }
+            ref = variants["run"]()
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            for fn in variants.values():
+                np.testing.assert_allclose(fn(), ref, rtol=1e-5, atol=1e-5)
+            gc.disable()
+            for i in range(args.repeats + 10):
+                for name, fn in variants.items():
+                    start = time.perf_counter_ns()
+                    fn()
+                    if i >= 10:  # the first rounds are warm-up
+                        times[name].append((time.perf_counter_ns() - start) / 1e6)
+            gc.enable()
+            run, bind, full = (float(np.median(times[n])) for n in ("run", "iobinding", "backend"))
+            diff = 100 * (bind - run) / run
+            print(f"{spec.name:>8} {batch:>5} {run:>9.4f} {bind:>9.4f} {diff:>+7.1f} {full:>9.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The model repository on disk (`engines/` by default).
+
+    engines/<model>/manifest.json                 the versioned manifest (edgeserve.manifest)
+    engines/<model>/onnx/stage<k>.onnx            one ONNX graph per stage, weights stored once
+    engines/<model>/profiles/<fingerprint>.json   profile tables, one per device fingerprint
+    engines/<model>/trt/...                       built engines (the TensorRT backend)
+
+Every load checks what it reads against what the manifest promises, so a truncated copy or a
+profile from another device or another export is refused with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeserve.errors import ProfileError, RepositoryError
+from edgeserve.files import sha256_file
+from edgeserve.fingerprint import Fingerprint
+from edgeserve.manifest import MANIFEST_FILE, Manifest
+from edgeserve.profile import ProfileTable
+
+DEFAULT_ROOT = Path("engines")
+ROOT_ENV = "EDGESERVE_REPOSITORY"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ROOT_ENV, DEFAULT_ROOT))
+
+
+@dataclass(frozen=True)
+class ModelRepository:
+    root: Path
+
+    def model_dir(self, model: str) -> Path:
+        return self.root / model
+
+    def manifest_path(self, model: str) -> Path:
+        return self.model_dir(model) / MANIFEST_FILE
+
+    def models(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.parent.name for p in self.root.glob(f"*/{MANIFEST_FILE}"))
+
+    def load_manifest(self, model: str, verify: bool = True) -> Manifest:
+        path = self.manifest_path(model)
+        if not path.exists():
+            known = ", ".join(self.models()) or "none"
+            raise RepositoryError(
+                f"{path}: model {model!r} is not in the repository {self.root} (models there: {known}); "
+                f"export it with `edgeserve export --model {model} --repository {self.root}`"
+            )
+        manifest = Manifest.load(path)
+        if manifest.name != model:
+            raise RepositoryError(
+                f"{path}: manifest names model {manifest.name!r}, but it lives under {model!r}"
+            )
+        if verify:
+            self.verify(manifest)
+        return manifest
+
+    def stage_path(self, manifest: Manifest, stage: int) -> Path:
+        return self.model_dir(manifest.name) / manifest.stages[stage].path
+
+    def verify(self, manifest: Manifest) -> None:
+        """Size and sha256 of every stage graph against the manifest."""
+        fix = f"re-export it with `edgeserve export --model {manifest.name} --repository {self.root}`"
+        for stage in manifest.stages:
+            path = self.stage_path(manifest, stage.index)
+            if not path.exists():
+                raise RepositoryError(f"{path}: stage graph listed in the manifest is missing; {fix}")
+            size = path.stat().st_size
+            if size != stage.size_bytes:
+                raise RepositoryError(
+                    f"{path}: {size} bytes on disk, manifest says {stage.size_bytes} "
+                    f"(truncated or replaced); {fix}"
+                )
+            if sha256_file(path) != stage.sha256:
+                raise RepositoryError(
+                    f"{path}: checksum does not match the manifest (corrupt or replaced); {fix}"
+                )
+
+    def save_manifest(self, manifest: Manifest) -> Path:
+        manifest.validate(str(self.manifest_path(manifest.name)))
+        path = self.manifest_path(manifest.name)
+        manifest.save(path)
+        return path
+
+    def profile_path(self, model: str, fingerprint: Fingerprint) -> Path:
+        return self.model_dir(model) / "profiles" / f"{fingerprint.key()}.json"
+
+    def save_profile(self, table: ProfileTable) -> Path:
+        path = self.profile_path(table.model, table.fingerprint)
+        table.save(path)
+        return path
+
+    def load_profile(self, manifest: Manifest, fingerprint: Fingerprint) -> ProfileTable:
+        """The profile measured for this manifest on this device, or an error saying how to make it."""
+        path = self.profile_path(manifest.name, fingerprint)
+        fix = f"run `edgeserve-profile --model {manifest.name} --repository {self.root}` on this device"
+        if not path.exists():
+            others = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
+            hint = f" (profiles there are for other devices: {', '.join(others)})" if others else ""
+            raise ProfileError(f"{path}: no profile of {manifest.name!r} for this device{hint}; {fix}")
+        table = ProfileTable.load(path)
+        if table.fingerprint != fingerprint:
+            diff = "; ".join(table.fingerprint.differences(fingerprint))
+            raise ProfileError(f"{path}: measured on another device or setup ({diff}); {fix}")
+        if table.graphs_sha256 != manifest.graphs_sha256():
+            raise ProfileError(f"{path}: measured for an earlier export of {manifest.name!r}; {fix}")
+        if list(table.exit_names) != manifest.exit_names:
+            raise ProfileError(f"{path}: exits {list(table.exit_names)} differ from the manifest's; {fix}")
+        return table

@@ -1,0 +1,28 @@
+"""The backend protocol: what the executor needs from ONNX Runtime, TensorRT or torch."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from edgeserve.fingerprint import Fingerprint
+from edgeserve.manifest import Manifest
+
+
+class Backend(Protocol):
+    """Runs one model up to one exit on one batch. Owned by a single thread: not thread-safe."""
+
+    name: str
+
+    def load(self, manifest: Manifest) -> None:
+        """Open the model's stages (and warm them up) so the first real request is not slow."""
+
+    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+        """Logits of shape (batch, num_classes) at exit `exit` (0 = shallowest)."""
+
+    def fingerprint(self) -> Fingerprint:
+        """The device fingerprint profiles measured with this backend are keyed by."""
+
+    def close(self) -> None:
+        """Release sessions and device memory."""

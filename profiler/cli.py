@@ -1,0 +1,354 @@
+"""`edgeserve-profile`: measure the latency table the scheduler plans with, and optionally accuracy.
+
+Heavy imports (ONNX Runtime, tqdm, matplotlib) happen inside the handler so `--help` is instant
+and this module can also be registered as an `edgeserve profile` subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeserve.errors import EdgeServeError, ProfileError, RepositoryError
+from edgeserve.fingerprint import Fingerprint
+from edgeserve.manifest import Manifest
+from edgeserve.profile import QUANTILES, ProfileTable
+from edgeserve.profiler.evaluate import (
+    EvalData,
+    check_fits,
+    exit_accuracies,
+    load_eval_data,
+    write_accuracies,
+)
+from edgeserve.profiler.measure import MeasureSettings, measure_model
+from edgeserve.profiler.report import DEFAULT_CV_THRESHOLD, format_noisy, format_table, noisy_cells
+from edgeserve.repository import ModelRepository, default_root
+from edgeserve.runtime.backend import Backend
+
+DESCRIPTION = """\
+Measure how long every (model, exit, batch size) cell takes on this box and save the profile
+table the scheduler plans with, keyed by this device's fingerprint (backend, CPU/GPU, threads,
+library versions). Each cell runs alone, after warm-up, --repeats times. A profile that already
+exists for this device, export and settings is printed instead of measured again (--force
+re-measures). With --eval, also measures each exit's top-1 accuracy and writes it into the
+model's manifest.
+"""
+
+EPILOG = """\
+examples:
+  edgeserve-profile                                  profile every model in ./engines
+  edgeserve-profile --model resnet50 --model resnet101 --max-batch 10 --repeats 100
+  edgeserve-profile --threads 1 --providers cpu      steadier numbers on a busy CPU box
+  edgeserve-profile --providers cuda --plot out/latency.png
+  edgeserve-profile --model resnet50 --eval cifar100_test.npz   per-exit accuracy into the manifest
+  edgeserve-profile --json > profile-summary.json   machine-readable summary on stdout
+
+The table shows p50, the quantile the scheduler reads (--quantile, default p95) and the
+coefficient of variation (CV) of every cell; cells with CV above --cv-threshold are marked `!`
+and listed with advice, because a noisy cell makes the scheduler's predictions unreliable.
+Profiles live in <repository>/<model>/profiles/<fingerprint>.json.
+"""
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _int_at_least(1)
+_non_negative = _int_at_least(0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", action="append", metavar="NAME", help="model to profile (repeatable; default: every model)"
+    )
+    parser.add_argument(
+        "--repository",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="model repository (default: $EDGESERVE_REPOSITORY or ./engines)",
+    )
+    parser.add_argument(
+        "--max-batch", metavar="N", type=_positive, default=10, help="measure batch sizes 1..N (default 10)"
+    )
+    parser.add_argument(
+        "--repeats", metavar="N", type=_positive, default=100, help="timed runs per cell (default 100)"
+    )
+    parser.add_argument(
+        "--warmup",
+        metavar="N",
+        type=_non_negative,
+        default=10,
+        help="untimed runs before each cell (default 10)",
+    )
+    parser.add_argument(
+        "--threads",
+        metavar="N",
+        type=_positive,
+        default=None,
+        help="ONNX Runtime intra-op threads (default: CPU cores - 1)",
+    )
+    parser.add_argument(
+        "--providers",
+        default=None,
+        metavar="LIST",
+        help="comma-separated execution providers, e.g. cpu or cuda,cpu "
+        "(default: CUDA if this onnxruntime has it, else CPU)",
+    )
+    parser.add_argument(
+        "--quantile", choices=QUANTILES, default="p95", help="the latency the scheduler reads (default p95)"
+    )
+    parser.add_argument(
+        "--cv-threshold",
+        type=float,
+        default=DEFAULT_CV_THRESHOLD,
+        metavar="CV",
+        help=f"flag cells whose coefficient of variation exceeds this (default {DEFAULT_CV_THRESHOLD})",
+    )
+    parser.add_argument(
+        "--plot", type=Path, metavar="PNG", help="also draw latency vs batch size into this file"
+    )
+    parser.add_argument(
+        "--eval", type=Path, metavar="NPZ", help="measure per-exit top-1 accuracy on this .npz (arrays x, y)"
+    )
+    parser.add_argument("--force", action="store_true", help="measure even if a matching profile exists")
+    parser.add_argument(
+        "--json", action="store_true", help="print a machine-readable summary instead of tables"
+    )
+    parser.set_defaults(func=profile_command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgeserve-profile",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register as `edgeserve profile` (the same options as `edgeserve-profile`)."""
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure the latency profile table (same as edgeserve-profile)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+
+
+@dataclass
+class ModelResult:
+    manifest: Manifest
+    table: ProfileTable
+    profile_path: Path
+    cached: bool
+    accuracies: list[float] | None = None
+    manifest_path: Path | None = None
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _cached_profile(
+    repository: ModelRepository, manifest: Manifest, fingerprint: Fingerprint, settings: MeasureSettings
+) -> ProfileTable | None:
+    """The stored profile if it was measured here, for this export, with these settings."""
+    path = repository.profile_path(manifest.name, fingerprint)
+    if not path.exists():
+        return None
+    try:
+        table = repository.load_profile(manifest, fingerprint)
+    except ProfileError as exc:
+        _note(f"{manifest.name}: not reusing the stored profile: {exc}")
+        return None
+    if not settings.matches(table.settings) or table.max_batch != settings.max_batch:
+        _note(
+            f"{manifest.name}: the stored profile was measured with other settings "
+            f"({table.settings}); measuring again"
+        )
+        return None
+    return table
+
+
+def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) -> ProfileTable:
+    from tqdm import tqdm
+
+    cells = len(manifest.exits) * settings.max_batch
+    _note(
+        f"profiling {manifest.name}: {len(manifest.exits)} exits x batch 1..{settings.max_batch} "
+        f"= {cells} cells, "
+        f"{settings.warmup} warm-up + {settings.repeats} timed runs each"
+    )
+    start = time.perf_counter()
+    # disable=None: the bar shows on a terminal and stays out of CI logs, which get the two lines instead.
+    with tqdm(
+        total=cells, desc=manifest.name, unit="cell", file=sys.stderr, disable=None, leave=False
+    ) as bar:
+        table = measure_model(backend, manifest, settings, on_cell=lambda _e, _b: bar.update())
+    _note(f"profiled {manifest.name} in {time.perf_counter() - start:.1f} s")
+    return table
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+
+    repository = ModelRepository(args.repository if args.repository is not None else default_root())
+    names = list(dict.fromkeys(args.model or repository.models()))
+    if not names:
+        raise RepositoryError(
+            f"{repository.root}: no models in this repository; export one with `edgeserve export --help` "
+            "or point --repository at the right folder"
+        )
+    manifests = [repository.load_manifest(name) for name in names]  # verifies every stage file first
+    eval_data: EvalData | None = None
+    if args.eval is not None:
+        eval_data = load_eval_data(args.eval)
+        for manifest in manifests:
+            check_fits(eval_data, manifest, str(args.eval))
+    settings = MeasureSettings(max_batch=args.max_batch, repeats=args.repeats, warmup=args.warmup)
+    providers = args.providers.split(",") if args.providers else None
+    # Per-cell warm-up replaces the backend's own warm-up at load.
+    backend = OnnxRuntimeBackend(repository, threads=args.threads, providers=providers, warmup=0)
+    fingerprint = backend.fingerprint()
+    results: list[ModelResult] = []
+    try:
+        for manifest in manifests:
+            table = None if args.force else _cached_profile(repository, manifest, fingerprint, settings)
+            cached = table is not None
+            if table is None:
+                backend.load(manifest)
+                table = _measure(backend, manifest, settings)
+                repository.save_profile(table)
+            else:
+                _note(
+                    f"{manifest.name}: using the stored profile from {table.created} (--force to re-measure)"
+                )
+            result = ModelResult(manifest, table, repository.profile_path(manifest.name, fingerprint), cached)
+            if eval_data is not None:
+                if manifest.name not in backend.models:
+                    backend.load(manifest)
+                _note(f"evaluating {manifest.name} on {eval_data.name}")
+                result.accuracies = exit_accuracies(
+                    backend, manifest, eval_data, batch_size=settings.max_batch
+                )
+                result.manifest, result.manifest_path = write_accuracies(
+                    repository, manifest, result.accuracies, eval_data.name
+                )
+                repository.load_profile(result.manifest, fingerprint)  # accuracies must not invalidate it
+            results.append(result)
+            backend.close()  # one model's sessions at a time: an 8 GB board profiles them all
+    finally:
+        backend.close()
+    plot_path = None
+    if args.plot is not None:
+        from edgeserve.profiler.plot import plot_profiles
+
+        plot_path = plot_profiles([r.table for r in results], args.plot)
+    if args.json:
+        print(json.dumps(_summary(results, fingerprint, args, plot_path), indent=1))
+    else:
+        _print_report(results, args, plot_path)
+    return 0
+
+
+def _print_report(results: list[ModelResult], args: argparse.Namespace, plot_path: Path | None) -> None:
+    for r in results:
+        print(format_table(r.table, args.quantile, args.cv_threshold))
+        if r.accuracies is not None:
+            accs = ", ".join(f"{e.name} {a:.2%}" for e, a in zip(r.manifest.exits, r.accuracies, strict=True))
+            print(f"top-1 accuracy on {r.manifest.accuracy_dataset}: {accs}")
+        print()
+    noisy = format_noisy([r.table for r in results], args.cv_threshold, args.quantile)
+    if noisy:
+        print(noisy + "\n")
+    if plot_path is not None:
+        print(f"plot written to {plot_path}")
+    for r in results:
+        how = f"cached, measured {r.table.created}" if r.cached else "written"
+        print(f"profile of {r.manifest.name} ({how}): {r.profile_path}")
+        if r.manifest_path is not None:
+            print(f"accuracies of {r.manifest.name} written to {r.manifest_path}")
+
+
+def _summary(
+    results: list[ModelResult], fingerprint: Fingerprint, args: argparse.Namespace, plot_path: Path | None
+) -> dict[str, Any]:
+    models = []
+    for r in results:
+        t = r.table
+        batches = range(1, t.max_batch + 1)
+        models.append(
+            {
+                "model": t.model,
+                "profile": str(r.profile_path),
+                "cached": r.cached,
+                "created": t.created,
+                "settings": t.settings,
+                "latency_ms": {
+                    name: [round(t.latency_ms(e, b, args.quantile), 4) for b in batches]
+                    for e, name in enumerate(t.exit_names)
+                },
+                "cv": {
+                    name: [round(t.cell(e, b).stats.cv, 5) for b in batches]
+                    for e, name in enumerate(t.exit_names)
+                },
+                "noisy": [
+                    {"exit": c.exit_name, "batch": c.batch, "cv": round(c.cv, 5)}
+                    for c in noisy_cells([t], args.cv_threshold)
+                ],
+                "accuracy": (
+                    dict(zip(t.exit_names, r.accuracies, strict=True)) if r.accuracies is not None else None
+                ),
+                "manifest": str(r.manifest_path) if r.manifest_path is not None else None,
+            }
+        )
+    return {
+        "fingerprint": fingerprint.to_dict(),
+        "fingerprint_key": fingerprint.key(),
+        "quantile": args.quantile,
+        "cv_threshold": args.cv_threshold,
+        "models": models,
+        "plot": str(plot_path) if plot_path is not None else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except EdgeServeError as exc:
+        print(f"edgeserve-profile: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("edgeserve-profile: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `edgeserve-profile --json | head`: the reader left, nothing is wrong
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (keeps interpreter shutdown from failing again)
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

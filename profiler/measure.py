@@ -1,0 +1,97 @@
+"""Measure every (exit, batch) cell of one model, the way the executor will run it.
+
+Time division means one batch runs at a time with nothing else on the accelerator, so each cell
+is measured alone: warm-up runs first (arenas, kernel choice, clocks), then `repeats` timed runs
+of `backend.run` on a fixed random input with the garbage collector off, so a collection pause is
+not mistaken for inference time.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from edgeserve.manifest import Manifest
+from edgeserve.profile import ProfileCell, ProfileTable
+from edgeserve.runtime.backend import Backend
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """What a profile's numbers depend on besides the device; a cached profile must match these."""
+
+    max_batch: int = 10
+    repeats: int = 100
+    warmup: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"need max_batch >= 1, repeats >= 1 and warmup >= 0, got {self}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def matches(self, recorded: dict[str, Any]) -> bool:
+        return all(recorded.get(k) == v for k, v in self.to_dict().items())
+
+
+def time_cell(
+    backend: Backend, model: str, exit: int, x: np.ndarray, repeats: int, warmup: int
+) -> list[float]:
+    """Latencies in milliseconds of `repeats` back-to-back runs, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        backend.run(model, exit, x)
+    samples = [0] * repeats
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(repeats):
+            start = time.perf_counter_ns()
+            backend.run(model, exit, x)
+            samples[i] = time.perf_counter_ns() - start
+    finally:
+        if was_enabled:
+            gc.enable()
+    return [s / 1e6 for s in samples]
+
+
+def measure_model(
+    backend: Backend,
+    manifest: Manifest,
+    settings: MeasureSettings,
+    on_cell: Callable[[int, int], None] | None = None,
+) -> ProfileTable:
+    """The full profile table of a model already loaded into `backend`.
+
+    `on_cell(exit, batch)` is called after each cell (the CLI's progress bar).
+    """
+    fingerprint = backend.fingerprint()
+    rng = np.random.default_rng(settings.seed)
+    shape = (settings.max_batch, *manifest.input.shape)
+    inputs = rng.standard_normal(shape).astype(np.dtype(manifest.input.dtype))
+    table = ProfileTable(
+        model=manifest.name,
+        exit_names=tuple(manifest.exit_names),
+        max_batch=settings.max_batch,
+        fingerprint=fingerprint,
+        graphs_sha256=manifest.graphs_sha256(),
+        settings={**settings.to_dict(), "threads": fingerprint.threads},
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    for exit in range(len(manifest.exits)):
+        for batch in range(1, settings.max_batch + 1):
+            samples = time_cell(
+                backend, manifest.name, exit, inputs[:batch], settings.repeats, settings.warmup
+            )
+            table.add(ProfileCell.from_samples(exit, batch, samples))
+            if on_cell is not None:
+                on_cell(exit, batch)
+    return table
