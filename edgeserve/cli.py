@@ -14,9 +14,10 @@ import sys
 from edgeserve import __version__
 from edgeserve.errors import EdgeServeError
 
-# (module, what it adds); later issues append serve, send, bench, build-engines, install-service, doctor.
+# Later issues append serve, send, bench, build-engines, install-service, doctor.
 SUBCOMMAND_MODULES = (
     "edgeserve.export.cli",
+    "edgeserve.profiler.cli",
     "edgeserve.scheduler.cli",
 )
 

@@ -216,3 +216,21 @@ def test_cli_default_opset_matches_the_exporter() -> None:
     from edgeserve.export import cli
 
     assert cli.DEFAULT_OPSET == onnx_export.DEFAULT_OPSET
+
+
+def test_the_serving_backend_runs_an_exported_model_like_torch_at_every_exit(digits_export) -> None:
+    from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+
+    model, repository, manifest = digits_export
+    backend = OnnxRuntimeBackend(repository, threads=1, warmup=1)
+    backend.load(manifest)
+    x = np.random.default_rng(3).random((4, *manifest.input.shape), dtype=np.float32)
+    try:
+        for exit_index in range(len(manifest.exits)):
+            with torch.no_grad():
+                expected = forward_exit(model, torch.from_numpy(x), exit_index).numpy()
+            got = backend.run("digits-s", exit_index, x)
+            assert got.shape == (4, manifest.num_classes)
+            assert np.abs(got - expected).max() <= 1e-4
+    finally:
+        backend.close()

@@ -1,0 +1,62 @@
+"""The package's shape: import names stay under edgeserve, and serving never pulls in torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SERVING_MODULES = [
+    "edgeserve",
+    "edgeserve.cli",
+    "edgeserve.repository",
+    "edgeserve.runtime.onnxruntime_backend",
+    "edgeserve.runtime.backends",
+    "edgeserve.profiler.cli",
+    "edgeserve.profiler.measure",
+    "edgeserve.scheduler",
+    "edgeserve.scheduler.cli",
+    "edgeserve.export.cli",
+]
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_serving_modules_and_the_command_group_do_not_import_torch(tmp_path: Path) -> None:
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {SERVING_MODULES!r}: importlib.import_module(name)\n"
+        "from edgeserve.cli import build_parser\n"
+        "build_parser()\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnxscript'))))\n"
+    )
+    done = _python(code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def test_export_and_profiler_install_under_edgeserve_not_as_top_level_packages(tmp_path: Path) -> None:
+    done = _python(
+        "import importlib.util as u, edgeserve.export, edgeserve.profiler\n"
+        "print(u.find_spec('export') is None, u.find_spec('profiler') is None)",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
+def test_console_scripts_answer_help() -> None:
+    bindir = Path(sys.executable).parent
+    for script in (
+        ["edgeserve", "--help"],
+        ["edgeserve-profile", "--help"],
+        ["edgeserve", "export", "--help"],
+    ):
+        done = subprocess.run(
+            [str(bindir / script[0]), *script[1:]], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert "usage:" in done.stdout
