@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "edgeserve.export.cli",
     "edgeserve.profiler.cli",
     "edgeserve.scheduler.cli",
+    "edgeserve.runtime.build_engines_cli",
 )
 
 

@@ -31,6 +31,8 @@ from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.profiler.report import DEFAULT_CV_THRESHOLD, format_noisy, format_table, noisy_cells
 from edgeserve.repository import ModelRepository, default_root
 from edgeserve.runtime.backend import Backend
+from edgeserve.runtime.backends import BACKEND_NAMES
+from edgeserve.runtime.engine_cache import PRECISIONS
 
 DESCRIPTION = """\
 Measure how long every (model, exit, batch size) cell takes on this box and save the profile
@@ -47,6 +49,7 @@ examples:
   edgeserve-profile --model resnet50 --model resnet101 --max-batch 10 --repeats 100
   edgeserve-profile --threads 1 --providers cpu      steadier numbers on a busy CPU box
   edgeserve-profile --providers cuda --plot out/latency.png
+  edgeserve-profile --backend tensorrt --precision fp16   the engines from `edgeserve build-engines`
   edgeserve-profile --model resnet50 --eval cifar100_test.npz   per-exit accuracy into the manifest
   edgeserve-profile --json > profile-summary.json   machine-readable summary on stdout
 
@@ -99,11 +102,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="untimed runs before each cell (default 10)",
     )
     parser.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="onnxruntime",
+        help="what runs the models: onnxruntime (default), tensorrt (engines from `edgeserve "
+        "build-engines`), torch, or auto (the fastest one available here)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="with --backend tensorrt: which engines to profile (default fp32)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        metavar="DEV",
+        help="with --backend torch: cpu, cuda or cuda:N (default: cuda if available); "
+        "with tensorrt: cuda:N picks the GPU",
+    )
+    parser.add_argument(
         "--threads",
         metavar="N",
         type=_positive,
         default=None,
-        help="ONNX Runtime intra-op threads (default: CPU cores - 1)",
+        help="ONNX Runtime (or torch) intra-op threads (default: CPU cores - 1)",
     )
     parser.add_argument(
         "--providers",
@@ -213,7 +236,7 @@ def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) ->
 
 
 def profile_command(args: argparse.Namespace) -> int:
-    from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+    from edgeserve.runtime.backends import create_backend
 
     repository = ModelRepository(args.repository if args.repository is not None else default_root())
     names = list(dict.fromkeys(args.model or repository.models()))
@@ -231,7 +254,16 @@ def profile_command(args: argparse.Namespace) -> int:
     settings = MeasureSettings(max_batch=args.max_batch, repeats=args.repeats, warmup=args.warmup)
     providers = args.providers.split(",") if args.providers else None
     # Per-cell warm-up replaces the backend's own warm-up at load.
-    backend = OnnxRuntimeBackend(repository, threads=args.threads, providers=providers, warmup=0)
+    backend = create_backend(
+        args.backend,
+        repository,
+        threads=args.threads,
+        providers=providers,
+        warmup=0,
+        precision=args.precision,
+        device=args.device,
+        report=_note,
+    )
     fingerprint = backend.fingerprint()
     results: list[ModelResult] = []
     try:

@@ -1,1 +1,1 @@
-"""What runs on the box at serving time: backends, and (later) the event loop, queues and executor."""
+"""What runs on the box at serving time: backends, and the server (event loop, queues, executor)."""

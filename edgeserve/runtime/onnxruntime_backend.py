@@ -22,6 +22,7 @@ from edgeserve.errors import BackendUnavailableError, InputError, RepositoryErro
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest, StageSpec, TensorSpec
 from edgeserve.repository import ModelRepository
+from edgeserve.runtime.validation import validate_batch, validate_exit
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -223,13 +224,8 @@ class OnnxRuntimeBackend:
         """Logits (batch, num_classes) float32 at exit `exit`, running stages 0..exit's stage."""
         loaded = self._loaded(model)
         manifest = loaded.manifest
-        if isinstance(exit, bool) or not isinstance(exit, (int, np.integer)):
-            raise InputError(f"exit must be an int index into {manifest.exit_names}, got {exit!r}")
-        if not 0 <= exit < len(manifest.exits):
-            raise InputError(
-                f"model {model!r} has exits 0..{len(manifest.exits) - 1} ({manifest.exit_names}), not {exit}"
-            )
-        batch = _validated(batch, manifest.input, model)
+        exit = validate_exit(manifest, exit)
+        batch = validate_batch(manifest, batch)
         last = manifest.exits[exit].stage
         return run_chain(loaded.stages[: last + 1], batch, self._device, self.device_id)
 
@@ -249,28 +245,6 @@ class OnnxRuntimeBackend:
     def close(self) -> None:
         """Drop the sessions; ONNX Runtime frees their memory when the last reference goes."""
         self._models.clear()
-
-
-def _validated(batch: np.ndarray, spec: TensorSpec, model: str) -> np.ndarray:
-    """The batch as a C-contiguous array of the manifest's dtype and shape, or an InputError."""
-    if not isinstance(batch, np.ndarray):
-        raise InputError(f"model {model!r} takes a numpy array, got {type(batch).__name__}")
-    if batch.dtype != np.dtype(spec.dtype):
-        raise InputError(
-            f"model {model!r} takes {spec.dtype} input, got {batch.dtype}; convert it before sending "
-            f"(e.g. x.astype(np.{spec.dtype}), scaled as the model was trained)"
-        )
-    expected = ("batch", *spec.shape)
-    if batch.ndim != len(expected):
-        raise InputError(
-            f"model {model!r} takes {len(expected)}-d input shaped {expected}, "
-            f"got {batch.ndim}-d {batch.shape}"
-        )
-    if tuple(batch.shape[1:]) != spec.shape:
-        raise InputError(f"model {model!r} takes samples shaped {spec.shape}, got {tuple(batch.shape[1:])}")
-    if batch.shape[0] < 1:
-        raise InputError(f"model {model!r} got an empty batch; send at least one sample")
-    return np.ascontiguousarray(batch)
 
 
 def _check_session(

@@ -1,0 +1,214 @@
+"""Server configuration: a TOML file or the same structure as a dict, checked before anything loads.
+
+Every mistake is a ConfigError naming the key path (`models.digits-m.slo_ms: ...`), and unknown
+keys are errors too, so a typo such as `slo_mss` cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeserve.errors import EdgeServeError
+from edgeserve.profile import QUANTILES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+LATE_MODES = ("serve", "expire")
+DEFAULT_MAX_QUEUE = 64
+
+
+class ConfigError(EdgeServeError):
+    """The server configuration is invalid; the message names the key path at fault."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model: its deadline budget (SLO) and how many requests may wait for it."""
+
+    slo_ms: float
+    max_queue: int = DEFAULT_MAX_QUEUE
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Which backend runs the models; `threads` must match the profile's (it is in the fingerprint)."""
+
+    name: str = "onnxruntime"
+    threads: int | None = None
+    providers: tuple[str, ...] = ()
+    warmup: int = 3
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The policy and what to do with a task that can no longer meet its deadline.
+
+    late_tasks = "serve": run it anyway, answer `ok` with late=True (the paper's behaviour);
+    late_tasks = "expire": answer `expired` at once and spend the accelerator on tasks that can
+    still make it (lazy drop, as in Jellyfish). Both count a violation.
+    """
+
+    policy: str = ""  # empty: edgeserve.scheduler.DEFAULT_POLICY
+    quantile: str = "p95"
+    max_batch: int | None = None  # None: the profile's
+    urgency: str = "paper"
+    urgency_clip: float = 10.0
+    late_tasks: str = "serve"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs at start. Model order is the scheduler's tie-break order."""
+
+    models: Mapping[str, ModelConfig]
+    repository: Path = Path("engines")
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    shutdown_timeout_s: float = 5.0
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> ServerConfig:
+        """Read and check a TOML file; relative `repository` paths are relative to the file."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        config = cls.from_dict(data, origin=str(path))
+        if not config.repository.is_absolute():
+            config = _replace_repository(config, path.parent / config.repository)
+        return config
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "config") -> ServerConfig:
+        """Check a plain dict shaped like the TOML file; ConfigError names the first bad key."""
+        try:
+            return _server(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
+
+
+def _replace_repository(config: ServerConfig, root: Path) -> ServerConfig:
+    from dataclasses import replace
+
+    return replace(config, repository=root)
+
+
+def _table(data: Any, key: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{key}: must be a table, got {type(data).__name__}")
+    return data
+
+
+def _no_unknown(data: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(f"{where}: unknown key (allowed: {', '.join(allowed)})")
+
+
+def _positive_number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+        raise ConfigError(f"{key}: must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(value: Any, key: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _string(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: must be a non-empty string, got {value!r}")
+    return value
+
+
+def _server(data: Mapping[str, Any]) -> ServerConfig:
+    data = _table(data, "(top level)")
+    _no_unknown(data, ("repository", "shutdown_timeout_s", "backend", "scheduler", "models"), "")
+    if "models" not in data:
+        raise ConfigError("models: missing; add a [models.<name>] table with slo_ms for each served model")
+    models_data = _table(data["models"], "models")
+    if not models_data:
+        raise ConfigError("models: must name at least one model")
+    models = {str(name): _model(spec, f"models.{name}") for name, spec in models_data.items()}
+    repository = data.get("repository", "engines")
+    if not isinstance(repository, (str, Path)) or not str(repository):
+        raise ConfigError(f"repository: must be a path, got {repository!r}")
+    return ServerConfig(
+        models=models,
+        repository=Path(repository),
+        backend=_backend(data.get("backend", {})),
+        scheduler=_scheduler(data.get("scheduler", {})),
+        shutdown_timeout_s=_positive_number(data.get("shutdown_timeout_s", 5.0), "shutdown_timeout_s"),
+    )
+
+
+def _model(data: Any, key: str) -> ModelConfig:
+    data = _table(data, key)
+    _no_unknown(data, ("slo_ms", "max_queue"), key)
+    if "slo_ms" not in data:
+        raise ConfigError(f"{key}.slo_ms: missing; give the model's deadline budget in milliseconds")
+    return ModelConfig(
+        slo_ms=_positive_number(data["slo_ms"], f"{key}.slo_ms"),
+        max_queue=_positive_int(data.get("max_queue", DEFAULT_MAX_QUEUE), f"{key}.max_queue"),
+    )
+
+
+def _backend(data: Any) -> BackendConfig:
+    from edgeserve.runtime.backends import BACKEND_NAMES
+
+    data = _table(data, "backend")
+    _no_unknown(data, ("name", "threads", "providers", "warmup"), "backend")
+    threads = data.get("threads")
+    providers = data.get("providers", [])
+    if not isinstance(providers, (list, tuple)) or not all(isinstance(p, str) and p for p in providers):
+        raise ConfigError(f"backend.providers: must be a list of provider names, got {providers!r}")
+    return BackendConfig(
+        name=_choice(data.get("name", "onnxruntime"), "backend.name", BACKEND_NAMES),
+        threads=None if threads is None else _positive_int(threads, "backend.threads"),
+        providers=tuple(providers),
+        warmup=_positive_int(data.get("warmup", 3), "backend.warmup", minimum=0),
+    )
+
+
+def _scheduler(data: Any) -> SchedulerConfig:
+    from edgeserve.scheduler.policies import POLICIES
+    from edgeserve.scheduler.urgency import URGENCY_FORMS
+
+    data = _table(data, "scheduler")
+    allowed = ("policy", "quantile", "max_batch", "urgency", "urgency_clip", "late_tasks")
+    _no_unknown(data, allowed, "scheduler")
+    policy = data.get("policy", "")
+    if policy:
+        _choice(policy, "scheduler.policy", tuple(POLICIES))
+    max_batch = data.get("max_batch")
+    clip = data.get("urgency_clip", 10.0)
+    if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0):
+        raise ConfigError(f"scheduler.urgency_clip: must be a positive number, got {clip!r}")
+    return SchedulerConfig(
+        policy=str(policy),
+        quantile=_choice(data.get("quantile", "p95"), "scheduler.quantile", QUANTILES),
+        max_batch=None if max_batch is None else _positive_int(max_batch, "scheduler.max_batch"),
+        urgency=_choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
+        urgency_clip=float(clip),
+        late_tasks=_choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
+    )

@@ -1,0 +1,119 @@
+"""The few CUDA runtime calls the TensorRT backend makes, through NVIDIA's cuda-python.
+
+cuda-python (not pycuda): NVIDIA's TensorRT samples use it, it is a thin generated binding of the
+CUDA runtime with no context-management layer of its own (pycuda's autoinit would create a second
+primary context on Jetson), and it ships wheels for aarch64. Imported lazily: a CPU box never
+loads this module. GPU-only code: not executed by the test suite (no GPU there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeserve.errors import BackendUnavailableError
+
+CUDA_PYTHON_FIX = (
+    "install NVIDIA's CUDA Python bindings: `pip install cuda-python` (pick the major version of the "
+    "installed CUDA, e.g. `pip install 'cuda-python>=12,<13'`)"
+)
+
+
+def import_cudart() -> Any:
+    """The cuda-python runtime module (`cuda.bindings.runtime` since 12.6, `cuda.cudart` before)."""
+    try:
+        from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from cuda import cudart  # type: ignore[import-not-found,no-redef]
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"the TensorRT backend needs cuda-python, which is not importable ({exc}); {CUDA_PYTHON_FIX}"
+            ) from exc
+    return cudart
+
+
+def check(result: Any, what: str) -> Any:
+    """Unpack a cuda-python `(err, *values)` tuple, raising with the call's name on an error."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error in {what}: {err}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    compute_capability: str
+
+
+def device_info(cudart: Any, device: int = 0) -> DeviceInfo:
+    props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+    name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
+    return DeviceInfo(name.rstrip("\x00").strip(), f"{props.major}.{props.minor}")
+
+
+class DeviceBuffer:
+    """A device allocation, optionally with a pinned host twin viewed as a flat numpy array."""
+
+    def __init__(self, cudart: Any, nbytes: int, dtype: str, host: bool) -> None:
+        self._cudart = cudart
+        self.nbytes = nbytes
+        self.device = int(check(cudart.cudaMalloc(max(nbytes, 1)), "cudaMalloc"))
+        self.host: np.ndarray | None = None
+        self._host_ptr = 0
+        if host:
+            self._host_ptr = int(check(cudart.cudaMallocHost(max(nbytes, 1)), "cudaMallocHost"))
+            np_dtype = np.dtype(dtype)
+            pointer = ctypes.cast(self._host_ptr, ctypes.POINTER(np.ctypeslib.as_ctypes_type(np_dtype)))
+            self.host = np.ctypeslib.as_array(pointer, (nbytes // np_dtype.itemsize,))
+
+    def upload(self, nbytes: int, stream: Any) -> None:
+        kind = self._cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        check(self._cudart.cudaMemcpyAsync(self.device, self._host_ptr, nbytes, kind, stream), "H2D copy")
+
+    def download(self, nbytes: int, stream: Any) -> None:
+        kind = self._cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        check(self._cudart.cudaMemcpyAsync(self._host_ptr, self.device, nbytes, kind, stream), "D2H copy")
+
+    def free(self) -> None:
+        if self.device:
+            check(self._cudart.cudaFree(self.device), "cudaFree")
+            self.device = 0
+        if self._host_ptr:
+            self.host = None
+            check(self._cudart.cudaFreeHost(self._host_ptr), "cudaFreeHost")
+            self._host_ptr = 0
+
+
+class CudaGraph:
+    """A captured sequence of work on one stream, replayed with a single launch."""
+
+    def __init__(self, cudart: Any, graph: Any, graph_exec: Any) -> None:
+        self._cudart = cudart
+        self._graph = graph
+        self._exec = graph_exec
+
+    @classmethod
+    def capture(cls, cudart: Any, stream: Any, work: Any) -> CudaGraph:
+        """Record `work()` (which enqueues on `stream`) into an instantiated graph."""
+        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        check(cudart.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
+        try:
+            work()
+        finally:
+            graph = check(cudart.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
+        graph_exec = check(cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        return cls(cudart, graph, graph_exec)
+
+    def launch(self, stream: Any) -> None:
+        check(self._cudart.cudaGraphLaunch(self._exec, stream), "cudaGraphLaunch")
+
+    def free(self) -> None:
+        check(self._cudart.cudaGraphExecDestroy(self._exec), "cudaGraphExecDestroy")
+        check(self._cudart.cudaGraphDestroy(self._graph), "cudaGraphDestroy")

@@ -1,0 +1,82 @@
+"""The executor: ONE thread owns the backend and runs one batch at a time (time division).
+
+load(), run() and close() all happen on that thread (ORT sessions are then created on the thread
+that runs them). The event loop awaits each call; it never runs inference itself.
+Batches are stacked here, off the loop: a copy of a few KB to MB would otherwise stall arrivals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from edgeserve.manifest import Manifest
+from edgeserve.runtime.backend import Backend
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """A finished batch: logits (or the backend's exception) and when the backend ran it."""
+
+    logits: np.ndarray | None
+    error: BaseException | None
+    start: float  # time.monotonic()
+    end: float
+
+
+class Executor:
+    """A single worker thread in front of a backend. Not shared between servers."""
+
+    def __init__(self, make_backend: Callable[[], Backend]) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeserve-executor")
+        self._make_backend = make_backend
+        self._backend: Backend | None = None
+
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        """Run `fn(*args)` on the executor thread (after any batch in progress)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def open(self) -> Backend:
+        """Create the backend on the executor thread; load models with `load`."""
+        self._backend = await self.call(self._make_backend)
+        return self._backend
+
+    async def load(self, manifest: Manifest) -> None:
+        """Open (and warm up) one model's sessions on the executor thread."""
+        if self._backend is None:
+            raise RuntimeError("executor is not open")
+        await self.call(self._backend.load, manifest)
+
+    async def run(self, model: str, exit: int, samples: Sequence[np.ndarray]) -> BatchRun:
+        """Stack `samples` and run them at `exit`; a backend exception comes back in BatchRun.error."""
+        backend = self._backend
+        if backend is None:
+            raise RuntimeError("executor is not open")
+
+        def _run() -> BatchRun:
+            batch = np.stack(samples)
+            start = time.monotonic()
+            try:
+                logits = backend.run(model, exit, batch)
+            except Exception as exc:  # answered as `error` results; the server keeps serving
+                return BatchRun(None, exc, start, time.monotonic())
+            return BatchRun(logits, None, start, time.monotonic())
+
+        return await self.call(_run)
+
+    async def close(self) -> None:
+        """Release the backend on its own thread (after any running batch), then stop the thread."""
+        backend, self._backend = self._backend, None
+        try:
+            if backend is not None:
+                await self.call(backend.close)
+        finally:
+            self._pool.shutdown(wait=False)

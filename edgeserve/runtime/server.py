@@ -1,0 +1,471 @@
+"""The serving core: an asyncio loop owns one FIFO queue per model and runs the scheduler.
+
+Requests are checked and queued on the loop. Whenever the executor frees up, or a request
+arrives while it is idle, the policy decides: drops are answered `expired`, a Dispatch pops a
+batch and hands it to the executor thread (one batch at a time), a Wait sets one wake-up timer
+(replaced on the next arrival). Results come back to the loop and resolve each request's
+future, so every request gets exactly one Result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import numbers
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeserve.manifest import Manifest
+from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backend import Backend
+from edgeserve.runtime.config import BackendConfig, ServerConfig
+from edgeserve.runtime.counters import Counters
+from edgeserve.runtime.executor import BatchRun, Executor
+from edgeserve.runtime.results import Result, Status
+from edgeserve.scheduler import (
+    DEFAULT_POLICY,
+    Dispatch,
+    LatencyModel,
+    Policy,
+    PolicyOptions,
+    TaskQueue,
+    Urgency,
+    Wait,
+    make_policy,
+)
+
+_log = logging.getLogger(__name__)
+
+BackendFactory = Callable[[ModelRepository, BackendConfig], Backend]
+UNKNOWN_MODEL = "(unknown)"  # counter key for requests naming no served model: keys stay bounded
+MIN_WAKEUP_S = 1e-4  # a Wait that is already due is retried this much later, never in a busy loop
+TIMER_SLACK_S = 1e-3  # event-loop timers are ms-granular: fire a Wait's wake-up this much early
+
+
+def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
+    """The backend named in the config, over the server's repository."""
+    from edgeserve.runtime.backends import create_backend
+
+    return create_backend(
+        config.name,
+        repository,
+        threads=config.threads,
+        providers=config.providers or None,
+        warmup=config.warmup,
+    )
+
+
+def load_config(config: ServerConfig | Mapping[str, Any] | str | Path) -> ServerConfig:
+    """A ServerConfig from itself, a dict (ServerConfig.from_dict) or a TOML path."""
+    if isinstance(config, ServerConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        return ServerConfig.from_toml(config)
+    return ServerConfig.from_dict(config)
+
+
+def _is_budget(value: object) -> bool:
+    """A usable deadline budget: a finite positive real number (numpy scalars included)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) < math.inf
+
+
+@dataclass(eq=False)
+class _Task:
+    id: int
+    model: int
+    x: np.ndarray
+    future: asyncio.Future[Result]
+    queued: float
+    deadline: float
+    dispatch: float = math.nan
+
+
+class Server:
+    """Serve the configured models until closed: `async with Server(config) as server: ...`.
+
+    `backend_factory` builds the backend on the executor thread (tests wrap the real ONNX
+    Runtime backend with it); by default the config's backend is created.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig | Mapping[str, Any] | str | Path,
+        *,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
+        self.config = load_config(config)
+        self._backend_factory = backend_factory or default_backend
+        self._names = tuple(self.config.models)
+        self._index = {name: i for i, name in enumerate(self._names)}
+        self._max_queue = [self.config.models[n].max_queue for n in self._names]
+        self._budget_s = [self.config.models[n].slo_ms / 1000.0 for n in self._names]
+        self._expire_late = self.config.scheduler.late_tasks == "expire"
+        self.counters = Counters()
+        self._manifests: list[Manifest] = []
+        self._queues: list[TaskQueue] = [TaskQueue() for _ in self._names]
+        self._tasks: dict[int, _Task] = {}
+        self._next_id = 0
+        self._executor: Executor | None = None
+        self._policy: Policy | None = None
+        self._latency: LatencyModel | None = None
+        self._shallowest_s: list[float] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._busy = False
+        self._batch_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._decide_pending = False
+        self._accepting = False
+        self._closed = False
+        self._idle: asyncio.Event | None = None
+        self._close_task: asyncio.Future[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> Server:
+        """Load manifests (verified), the backend, the profiles for its fingerprint and the policy.
+
+        A missing or stale profile fails here with the repository's error naming the command to run.
+        """
+        if self._loop is not None or self._closed:
+            raise RuntimeError("a Server starts once; create a new one to serve again")
+        self._loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        config = self.config
+        repository = ModelRepository(Path(config.repository))
+        self._manifests = await asyncio.to_thread(lambda: [repository.load_manifest(n) for n in self._names])
+        executor = Executor(lambda: self._backend_factory(repository, config.backend))
+        self._executor = executor
+        try:
+            backend = await executor.open()
+            fingerprint = await executor.call(backend.fingerprint)
+            tables = [repository.load_profile(m, fingerprint) for m in self._manifests]
+            sched = config.scheduler
+            latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
+            options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
+            self._policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
+            self._latency = latency
+            self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+            for manifest in self._manifests:
+                await executor.load(manifest)
+        except BaseException:
+            self._closed = True
+            await executor.close()
+            raise
+        self.counters = Counters()
+        self.counters.queue_depth = {name: 0 for name in self._names}
+        self._accepting = True
+        return self
+
+    async def __aenter__(self) -> Server:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Stop accepting; serve what is queued for up to `timeout_s` (config default), answer the
+        rest `shutdown`, then release the backend on its thread. Later calls wait for the first."""
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._close(timeout_s))
+        await asyncio.shield(self._close_task)
+
+    async def _close(self, timeout_s: float | None) -> None:
+        if self._closed:
+            return
+        self._accepting = False
+        if self._idle is not None:
+            timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
+        self._closed = True
+        self._cancel_timer()
+        now = time.monotonic()
+        self._answer_queued(Status.SHUTDOWN, now, "server shut down")
+        for task in list(self._tasks.values()):  # the running batch, if any: answer without waiting
+            self._finish(task, self._result(task, Status.SHUTDOWN, now, error="server shut down"))
+        if self._executor is not None:
+            await self._executor.close()  # waits for a running batch on the executor thread
+        if self._batch_task is not None:
+            await asyncio.gather(self._batch_task, return_exceptions=True)
+
+    # -- public API --------------------------------------------------------------------------------
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self._names
+
+    def manifest(self, model: str) -> Manifest:
+        return self._manifests[self._index[model]]
+
+    @property
+    def latency_model(self) -> LatencyModel:
+        if self._latency is None:
+            raise RuntimeError("server not started")
+        return self._latency
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as plain dicts (call on the loop thread)."""
+        return self.counters.snapshot()
+
+    async def infer(self, model: str, x: np.ndarray, *, deadline_ms: float | None = None) -> Result:
+        """Queue one sample (the model's per-sample shape and dtype) and await its Result.
+
+        `deadline_ms` overrides the model's SLO for this request. Do not modify `x` until the
+        result is back: it is stacked into the batch when its batch runs.
+        """
+        now = time.monotonic()
+        m = self._index.get(model, -1)
+        if not self._accepting:
+            why = "server is not started" if self._loop is None else "server is stopped or shutting down"
+            return self._refuse(model if m >= 0 else UNKNOWN_MODEL, Status.SHUTDOWN, now, why, model)
+        if m < 0:
+            why = f"unknown model {model!r}; served: {', '.join(self._names)}"
+            return self._refuse(UNKNOWN_MODEL, Status.INVALID, now, why, model)
+        problem = self._input_problem(m, x)
+        if problem is None and deadline_ms is not None and not _is_budget(deadline_ms):
+            problem = f"deadline_ms must be a positive number of milliseconds, got {deadline_ms!r}"
+        if problem is not None:
+            return self._refuse(model, Status.INVALID, now, problem)
+        queue = self._queues[m]
+        if len(queue) >= self._max_queue[m]:
+            return self._refuse(model, Status.REJECTED, now, f"queue of {model!r} is full ({len(queue)})")
+        budget = self._budget_s[m] if deadline_ms is None else float(deadline_ms) / 1000.0
+        assert self._loop is not None and self._idle is not None
+        task = _Task(self._next_id, m, x, self._loop.create_future(), now, now + budget)
+        self._next_id += 1
+        queue.push(task.id, now, budget)
+        self._tasks[task.id] = task
+        self.counters.queue_depth[model] = len(queue)
+        self._idle.clear()
+        if self._busy:
+            if self._expire_late:
+                self._arm_timer(math.inf)  # answer it `expired` as soon as it is hopeless
+        else:
+            self._kick()
+        try:
+            return await task.future
+        except asyncio.CancelledError:
+            self._on_cancel(task)
+            raise
+
+    async def infer_batch(
+        self, model: str, xs: np.ndarray | Sequence[np.ndarray], *, deadline_ms: float | None = None
+    ) -> list[Result]:
+        """One request per sample (xs: (N, *shape) or a list); Results in the same order."""
+        return list(await asyncio.gather(*(self.infer(model, x, deadline_ms=deadline_ms) for x in xs)))
+
+    # -- request checks and answers ----------------------------------------------------------------
+
+    def _input_problem(self, m: int, x: object) -> str | None:
+        spec = self._manifests[m].input
+        name = self._names[m]
+        if not isinstance(x, np.ndarray):
+            return f"model {name!r} takes a numpy array, got {type(x).__name__}"
+        if x.dtype != np.dtype(spec.dtype):
+            return f"model {name!r} takes {spec.dtype} input, got {x.dtype}; convert it before sending"
+        if tuple(x.shape) != tuple(spec.shape):
+            return f"model {name!r} takes one sample shaped {tuple(spec.shape)}, got {tuple(x.shape)}"
+        return None
+
+    def _refuse(self, key: str, status: Status, now: float, error: str, model: str | None = None) -> Result:
+        """Answer at once without queueing; counted under `key` (a served model or UNKNOWN_MODEL)."""
+        self.counters.requests[(key, status.value)] += 1
+        return Result(status=status, model=key if model is None else model, queued=now, end=now, error=error)
+
+    def _result(
+        self,
+        task: _Task,
+        status: Status,
+        end: float,
+        *,
+        error: str | None = None,
+        output: np.ndarray | None = None,
+        exit: int | None = None,
+        start: float = math.nan,
+        batch_size: int = 0,
+    ) -> Result:
+        manifest = self._manifests[task.model]
+        spec = manifest.exits[exit] if exit is not None else None
+        return Result(
+            status=status,
+            model=self._names[task.model],
+            output=output,
+            exit_index=exit,
+            exit_name=spec.name if spec else None,
+            expected_accuracy=spec.accuracy if spec else None,
+            batch_size=batch_size,
+            queued=task.queued,
+            dispatch=task.dispatch,
+            start=start,
+            end=end,
+            deadline=task.deadline,
+            error=error,
+        )
+
+    def _finish(self, task: _Task, result: Result) -> None:
+        """Answer a task exactly once; later answers for it (e.g. after shutdown) are ignored."""
+        if self._tasks.pop(task.id, None) is None:
+            return
+        model = result.model
+        self.counters.requests[(model, result.status.value)] += 1
+        if result.status is Status.EXPIRED or (result.status is Status.OK and result.late):
+            self.counters.violations[model] += 1
+        if result.status is Status.OK and result.exit_name is not None:
+            self.counters.exit_mix[(model, result.exit_name)] += 1
+        if not task.future.done():
+            task.future.set_result(result)
+
+    def _on_cancel(self, task: _Task) -> None:
+        """A caller gave up: drop its task if still queued; a running batch completes regardless."""
+        self.counters.cancelled[self._names[task.model]] += 1
+        if task.id in self._tasks and math.isnan(task.dispatch):
+            self._queues[task.model].remove([task.id])
+            del self._tasks[task.id]
+            self.counters.queue_depth[self._names[task.model]] = len(self._queues[task.model])
+            self._update_idle()
+
+    # -- scheduling --------------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        """Decide soon (once per loop iteration, so a burst of arrivals is batched together)."""
+        if self._busy or self._decide_pending or self._closed:
+            return
+        assert self._loop is not None
+        self._decide_pending = True
+        self._loop.call_soon(self._decide_now)
+
+    def _decide_now(self) -> None:
+        self._decide_pending = False
+        self._decide()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm_timer(self, until: float) -> None:
+        """One wake-up: a Wait's `until` (fired TIMER_SLACK_S early, the policy then asked as of
+        `until`), or, in expire mode, the moment a queued task turns hopeless if that is sooner."""
+        hopeless = math.inf
+        if self._expire_late:
+            for m, queue in enumerate(self._queues):
+                if queue:
+                    hopeless = min(hopeless, float(queue.deadlines.min()) - self._shallowest_s[m])
+        self._cancel_timer()
+        assert self._loop is not None
+        if until - TIMER_SLACK_S <= hopeless and not math.isinf(until):
+            delay = max(until - TIMER_SLACK_S - time.monotonic(), MIN_WAKEUP_S)
+            self._timer = self._loop.call_later(delay, self._decide, until)
+        elif not math.isinf(hopeless):
+            delay = max(hopeless - time.monotonic(), MIN_WAKEUP_S)
+            self._timer = self._loop.call_later(delay, self._decide)
+
+    def _expire_hopeless(self, now: float) -> None:
+        """Lazy drop: answer `expired` for tasks even the shallowest exit at batch 1 cannot save."""
+        for m, queue in enumerate(self._queues):
+            if not queue:
+                continue
+            hopeless = queue.deadlines < now + self._shallowest_s[m]
+            if hopeless.any():
+                for task_id in queue.remove(queue.ids[hopeless].copy()).tolist():
+                    task = self._tasks[task_id]
+                    self._finish(task, self._result(task, Status.EXPIRED, now, error="cannot meet deadline"))
+
+    def _decide(self, wake_at: float = -math.inf) -> None:
+        """Expire hopeless tasks (expire mode); if the executor is free, ask the policy and act.
+
+        `wake_at`: the `until` of the Wait whose timer fired; the policy is asked as of at least
+        that time, so timer granularity (1 ms in uvloop and epoll) never delays a deferred batch.
+        """
+        if self._closed:
+            return
+        self._cancel_timer()
+        assert self._policy is not None and self._loop is not None
+        now = time.monotonic()
+        if self._expire_late:
+            self._expire_hopeless(now)
+        decision = None
+        if not self._busy and any(self._queues):
+            t0 = time.perf_counter()
+            try:
+                decision = self._policy.decide(self._queues, max(now, wake_at))
+            except Exception as exc:  # a policy bug must not leave callers waiting forever
+                _log.exception("policy %s failed; answering the queued requests `error`", self._policy.name)
+                self._answer_queued(Status.ERROR, now, f"scheduler failed: {type(exc).__name__}: {exc}")
+            self.counters.decision.add(time.perf_counter() - t0)
+        if decision is not None:
+            for drop in decision.drops:
+                for task_id in self._queues[drop.model].remove(drop.task_ids).tolist():
+                    task = self._tasks[task_id]
+                    self._finish(task, self._result(task, Status.EXPIRED, now, error="dropped by the policy"))
+            if isinstance(decision, Dispatch):
+                ids = self._queues[decision.model].pop(decision.batch).tolist()
+                tasks = [self._tasks[i] for i in ids]
+                for task in tasks:
+                    task.dispatch = now
+                self._busy = True
+                self._batch_task = self._loop.create_task(
+                    self._run_batch(decision.model, decision.exit, tasks)
+                )
+        self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
+        for m, name in enumerate(self._names):
+            self.counters.queue_depth[name] = len(self._queues[m])
+        self._update_idle()
+
+    def _answer_queued(self, status: Status, now: float, error: str) -> None:
+        """Empty every queue, answering each task `status`."""
+        for m, queue in enumerate(self._queues):
+            for task_id in queue.pop(len(queue)).tolist():
+                task = self._tasks[task_id]
+                self._finish(task, self._result(task, status, now, error=error))
+            self.counters.queue_depth[self._names[m]] = 0
+
+    def _update_idle(self) -> None:
+        if self._idle is not None and not self._busy and not any(self._queues):
+            self._idle.set()
+
+    async def _run_batch(self, m: int, exit: int, tasks: list[_Task]) -> None:
+        assert self._executor is not None
+        try:
+            run = await self._executor.run(self._names[m], exit, [t.x for t in tasks])
+        except Exception as exc:  # the executor itself failed (closed under us): answer, keep going
+            run = BatchRun(None, exc, math.nan, time.monotonic())
+        self._busy = False
+        if not math.isnan(run.start):
+            self.counters.busy_s += run.end - run.start
+        self.counters.batches[self._names[m]] += 1
+        logits = run.logits
+        error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
+        if error is None and (logits is None or logits.shape[0] != len(tasks)):
+            error = f"backend returned {None if logits is None else logits.shape} for a batch of {len(tasks)}"
+        for i, task in enumerate(tasks):
+            if error is not None or logits is None:
+                result = self._result(
+                    task,
+                    Status.ERROR,
+                    run.end,
+                    error=error,
+                    exit=exit,
+                    start=run.start,
+                    batch_size=len(tasks),
+                )
+            else:
+                result = self._result(
+                    task,
+                    Status.OK,
+                    run.end,
+                    output=logits[i],
+                    exit=exit,
+                    start=run.start,
+                    batch_size=len(tasks),
+                )
+            self._finish(task, result)
+        self._decide()
