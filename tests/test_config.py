@@ -113,3 +113,17 @@ def test_server_refuses_a_bad_config_before_loading_anything() -> None:
 
     with pytest.raises(ConfigError, match=r"models\.digits-m\.slo_ms"):
         Server({"repository": "/nonexistent", "models": {"digits-m": {"slo_ms": 0}}})
+
+
+def test_backend_precision_and_device_are_checked_and_kept() -> None:
+    config = ServerConfig.from_dict(
+        {
+            "models": {"m": {"slo_ms": 50}},
+            "backend": {"name": "torch", "device": "cuda:1", "precision": "fp16"},
+        }
+    )
+    assert (config.backend.device, config.backend.precision) == ("cuda:1", "fp16")
+    with pytest.raises(ConfigError, match=r"backend\.device"):
+        ServerConfig.from_dict({"models": {"m": {"slo_ms": 50}}, "backend": {"device": "gpu0"}})
+    with pytest.raises(ConfigError, match=r"backend\.precision"):
+        ServerConfig.from_dict({"models": {"m": {"slo_ms": 50}}, "backend": {"precision": "int8"}})

@@ -7,6 +7,7 @@ keys are errors too, so a typo such as `slo_mss` cannot silently fall back to a 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ class BackendConfig:
     threads: int | None = None
     providers: tuple[str, ...] = ()
     warmup: int = 3
+    precision: str = "fp32"  # which TensorRT engines to run
+    device: str | None = None  # torch: "cpu", "cuda" or "cuda:N"; TensorRT: "cuda:N" picks the GPU
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,10 @@ def _model(data: Any, key: str) -> ModelConfig:
 
 def _backend(data: Any) -> BackendConfig:
     from edgeserve.runtime.backends import BACKEND_NAMES
+    from edgeserve.runtime.engine_cache import PRECISIONS
 
     data = _table(data, "backend")
-    _no_unknown(data, ("name", "threads", "providers", "warmup"), "backend")
+    _no_unknown(data, ("name", "threads", "providers", "warmup", "precision", "device"), "backend")
     threads = data.get("threads")
     providers = data.get("providers", [])
     if not isinstance(providers, (list, tuple)) or not all(isinstance(p, str) and p for p in providers):
@@ -187,7 +191,15 @@ def _backend(data: Any) -> BackendConfig:
         threads=None if threads is None else _positive_int(threads, "backend.threads"),
         providers=tuple(providers),
         warmup=_positive_int(data.get("warmup", 3), "backend.warmup", minimum=0),
+        precision=_choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
+        device=None if data.get("device") is None else _device(data["device"]),
     )
+
+
+def _device(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        raise ConfigError(f'backend.device: must be "cpu", "cuda" or "cuda:N", got {value!r}')
+    return value
 
 
 def _scheduler(data: Any) -> SchedulerConfig:

@@ -59,6 +59,8 @@ def default_backend(repository: ModelRepository, config: BackendConfig) -> Backe
         threads=config.threads,
         providers=config.providers or None,
         warmup=config.warmup,
+        precision=config.precision,
+        device=config.device,
     )
 
 
