@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from edgeserve.errors import BackendUnavailableError, InputError, RepositoryError
+from edgeserve.errors import BackendUnavailableError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest, StageSpec, TensorSpec
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.validation import validate_batch, validate_exit
+from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -209,14 +209,7 @@ class OnnxRuntimeBackend:
         return list(self._loaded(model).stages)
 
     def _loaded(self, model: str) -> _Loaded:
-        try:
-            return self._models[model]
-        except KeyError:
-            loaded = ", ".join(self._models) or "none"
-            raise InputError(
-                f"model {model!r} is not loaded (loaded: {loaded}); load its manifest first: "
-                f"backend.load(repository.load_manifest({model!r}))"
-            ) from None
+        return loaded_model(self._models, model)
 
     # -- inference ---------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from edgeserve.runtime.buffer_plan import BufferPlan, plan_buffers
 from edgeserve.runtime.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart
 from edgeserve.runtime.engine_cache import BuildTarget, batch_sizes, engine_path, load_current_record
 from edgeserve.runtime.tensorrt_build import detect_target, import_tensorrt
-from edgeserve.runtime.validation import validate_batch, validate_exit
+from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
 
 
 @dataclass
@@ -194,13 +194,7 @@ class TensorRTBackend:
         return out.host[:count].reshape(n, *logits_spec.shape).astype(np.float32, copy=True)
 
     def _loaded(self, model: str) -> _LoadedModel:
-        try:
-            return self._models[model]
-        except KeyError:
-            raise InputError(
-                f"model {model!r} is not loaded (loaded: {', '.join(self._models) or 'none'}); "
-                f"load its manifest first: backend.load(repository.load_manifest({model!r}))"
-            ) from None
+        return loaded_model(self._models, model)
 
     # -- identity ----------------------------------------------------------------------------------
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from edgeserve.errors import BackendUnavailableError, InputError, RepositoryError
+from edgeserve.errors import BackendUnavailableError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.validation import validate_batch, validate_exit
+from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
 
 TORCH_FIX = "install the export extra (`pip install 'edgeserve[export]'`, which brings torch)"
 
@@ -179,13 +179,7 @@ class TorchBackend:
             return out.float().cpu().numpy()
 
     def _loaded(self, model: str) -> _Loaded:
-        try:
-            return self._models[model]
-        except KeyError:
-            raise InputError(
-                f"model {model!r} is not loaded (loaded: {', '.join(self._models) or 'none'}); "
-                f"load its manifest first: backend.load(repository.load_manifest({model!r}))"
-            ) from None
+        return loaded_model(self._models, model)
 
     def fingerprint(self) -> Fingerprint:
         torch = self.torch

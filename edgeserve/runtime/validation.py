@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import numpy as np
 
 from edgeserve.errors import InputError
 from edgeserve.manifest import Manifest
+
+T = TypeVar("T")
 
 
 def validate_exit(manifest: Manifest, exit: int) -> int:
@@ -41,3 +46,14 @@ def validate_batch(manifest: Manifest, batch: np.ndarray) -> np.ndarray:
     if batch.shape[0] < 1:
         raise InputError(f"model {model!r} got an empty batch; send at least one sample")
     return np.ascontiguousarray(batch)
+
+
+def loaded_model(models: Mapping[str, T], model: str) -> T:
+    """What a backend loaded for `model`, or an InputError naming the loaded ones and the fix."""
+    try:
+        return models[model]
+    except KeyError:
+        raise InputError(
+            f"model {model!r} is not loaded (loaded: {', '.join(models) or 'none'}); "
+            f"load its manifest first: backend.load(repository.load_manifest({model!r}))"
+        ) from None
