@@ -20,6 +20,9 @@ SUBCOMMAND_MODULES = (
     "edgeserve.profiler.cli",
     "edgeserve.scheduler.cli",
     "edgeserve.runtime.build_engines_cli",
+    "edgeserve.net.serve_cli",
+    "edgeserve.net.bench_cli",
+    "edgeserve.net.send_cli",
 )
 
 

@@ -1,21 +1,30 @@
 """The main job on the embedded default (CPU, ONNX Runtime), as README command 1 runs it.
 
 Each step is the public command a user would type, printed before it runs, so the demo doubles as a
-walk-through. Steps are cached: a second run re-uses the exported models and the measured profiles.
+walk-through: export, profile (both cached: a second run re-uses the exported models and the measured
+profiles), then `edgeserve serve` on a UNIX socket, `edgeserve bench` against it, and a SIGTERM that
+stops the server cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 DEMO_MODELS = ("digits-s", "digits-m", "digits-l")
+DEMO_SLO_MS = {"digits-s": 5.0, "digits-m": 8.0, "digits-l": 10.0}  # final exits take 0.1-0.4 ms at batch 1
+READY_TIMEOUT_S = 120.0
+READY_PREFIX = "edgeserve: ready, listening on"  # printed by `edgeserve serve` (edgeserve.net.serve_cli)
 
 
 @dataclass(frozen=True)
@@ -54,10 +63,109 @@ def steps(repository: Path, plot: Path, force: bool) -> list[Step]:
                 str(eval_data),
                 "--plot",
                 str(plot),
+                "--threads",
+                "1",
                 *again,
             ],
         ),
     ]
+
+
+def write_serve_config(path: Path, repository: Path, socket_path: Path) -> None:
+    """The demo's server: the three digits models on one ONNX Runtime thread, a UNIX socket."""
+    lines = [
+        f"repository = {json.dumps(str(repository.resolve()))}",
+        "shutdown_timeout_s = 5.0",
+        "[backend]",
+        'name = "onnxruntime"',
+        "threads = 1",
+        "[listen]",
+        f"unix = {json.dumps(str(socket_path))}",
+        'unix_mode = "0600"',
+    ]
+    for model in DEMO_MODELS:
+        lines += [f"[models.{model}]", f"slo_ms = {DEMO_SLO_MS[model]}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _show(number: int, title: str, argv: list[str], background: bool = False) -> None:
+    command = shlex.join([Path(argv[0]).name, *argv[1:]]) + (" &" if background else "")
+    print(f"\n== {number}. {title}\n$ {command}", flush=True)
+
+
+def _wait_ready(server: subprocess.Popen[str], timeout: float) -> str | None:
+    """The ready line from the server's stdout, or None if it exits or times out first."""
+    found: list[str] = []
+
+    def read() -> None:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if line.startswith(READY_PREFIX):
+                found.append(line.strip())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float, duration: float) -> int:
+    """Start `edgeserve serve`, drive it with `edgeserve bench`, stop it with SIGTERM."""
+    bindir = Path(sys.executable).parent
+    config = out / "demo-serve.toml"
+    socket_dir = Path(tempfile.mkdtemp(prefix="edgeserve-demo-"))  # short path: UNIX socket names are limited
+    socket_path = socket_dir / "edgeserve.sock"
+    write_serve_config(config, repository, socket_path)
+    log_path = out / "demo-serve.log"
+    serve = [str(bindir / "edgeserve"), "serve", "--config", str(config)]
+    _show(number, f"start the server on a UNIX socket (log: {log_path})", serve, background=True)
+    with log_path.open("w") as log:
+        server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        ready = _wait_ready(server, READY_TIMEOUT_S)
+        if ready is None:
+            print(
+                f"demo: no ready line from the server within {READY_TIMEOUT_S:.0f} s; see {log_path}",
+                file=sys.stderr,
+            )
+            return 1
+        print(ready, flush=True)
+        bench = [
+            str(bindir / "edgeserve"),
+            "bench",
+            "--target",
+            f"unix://{socket_path}",
+            "--total-rate",
+            f"{total_rate:g}",
+            "--duration",
+            f"{duration:g}",
+            "--warmup",
+            "2",
+            "--csv",
+            str(out / "bench.csv"),
+            "--plot",
+            str(out / "bench.png"),
+        ]
+        _show(
+            number + 1, "drive Poisson traffic (3:2:1) over the socket and report deadline violations", bench
+        )
+        t0 = time.perf_counter()
+        code = subprocess.call(bench)
+        print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return code
+    finally:
+        print(f"\n== {number + 2}. stop the server\n$ kill -TERM {server.pid}", flush=True)
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        print(f"server exited with code {server.returncode}; socket removed: {not socket_path.exists()}")
+        if not socket_path.exists():
+            socket_dir.rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,21 +175,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--plot", type=Path, default=Path("out/profile.png"))
     parser.add_argument("--force", action="store_true", help="re-export and re-profile even if cached")
+    parser.add_argument(
+        "--total-rate", type=float, default=1000.0, help="requests/s over the three models (default 1000)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="measured seconds of traffic (default 10)"
+    )
     args = parser.parse_args(argv)
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    for number, step in enumerate(steps(args.repository, args.plot, args.force), start=1):
-        print(
-            f"\n== {number}. {step.title}\n$ {shlex.join([Path(step.argv[0]).name, *step.argv[1:]])}",
-            flush=True,
-        )
+    all_steps = steps(args.repository, args.plot, args.force)
+    for number, step in enumerate(all_steps, start=1):
+        _show(number, step.title, step.argv)
         t0 = time.perf_counter()
         code = subprocess.call(step.argv)
         if code != 0:
             print(f"demo: step {number} failed with exit code {code}", file=sys.stderr)
             return code
         print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
-    print(f"\ndemo finished in {time.perf_counter() - started:.1f} s; latency plot: {args.plot}")
+    code = serve_and_bench(
+        len(all_steps) + 1, args.repository, args.plot.parent, args.total_rate, args.duration
+    )
+    if code != 0:
+        print(f"demo: serving failed with exit code {code}", file=sys.stderr)
+        return code
+    print(
+        f"\ndemo finished in {time.perf_counter() - started:.1f} s; plots: {args.plot} (profile), "
+        f"{args.plot.parent / 'bench.png'} (served latency and exit mix)"
+    )
     return 0
 
 

@@ -127,3 +127,65 @@ def test_backend_precision_and_device_are_checked_and_kept() -> None:
         ServerConfig.from_dict({"models": {"m": {"slo_ms": 50}}, "backend": {"device": "gpu0"}})
     with pytest.raises(ConfigError, match=r"backend\.precision"):
         ServerConfig.from_dict({"models": {"m": {"slo_ms": 50}}, "backend": {"precision": "int8"}})
+
+
+def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path) -> None:
+    from edgeserve.runtime.config import ListenConfig, PreprocessConfig
+
+    path = tmp_path / "serve.toml"
+    path.write_text(
+        "[models.digits-m]\nslo_ms = 10\n"
+        '[models.digits-m.preprocess]\nresize = [28, 28]\nmean = [0.5]\nstd = [0.25]\nchannels = "gray"\n'
+        '[listen]\nunix = "run/edgeserve.sock"\nunix_mode = "0600"\ntcp = ":7070"\ntoken = "t0k"\n'
+        "max_frame_bytes = 65536\nmax_in_flight = 4\n"
+    )
+    config = ServerConfig.from_toml(path)
+    assert config.listen == ListenConfig(
+        unix=tmp_path / "run" / "edgeserve.sock",
+        unix_mode=0o600,
+        tcp=("127.0.0.1", 7070),
+        token="t0k",
+        max_frame_bytes=65536,
+        max_in_flight=4,
+    )
+    assert config.models["digits-m"].preprocess == PreprocessConfig(
+        resize=(28, 28), mean=(0.5,), std=(0.25,), channels="gray"
+    )
+    default = ServerConfig.from_dict(_minimal())
+    assert default.listen == ListenConfig() and default.models["digits-m"].preprocess is None
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [
+        ({"tcp": "7070"}, 'listen.tcp: must be "host:port"'),
+        ({"tcp": "localhost:70000"}, "listen.tcp"),
+        ({"unix_mode": "rw-rw----"}, "listen.unix_mode: must be an octal string"),
+        ({"unix_mode": 660}, "listen.unix_mode"),
+        ({"max_frame_bytes": 10}, "listen.max_frame_bytes: must be an integer >= 64"),
+        ({"max_in_flight": 0}, "listen.max_in_flight"),
+        ({"token": ""}, "listen.token: must be a non-empty string"),
+        ({"port": 1}, "listen.port: unknown key"),
+    ],
+)
+def test_invalid_listen_table_names_the_key(listen: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ServerConfig.from_dict(_minimal(listen=listen))
+
+
+@pytest.mark.parametrize(
+    ("preprocess", "message"),
+    [
+        ({"resize": [28]}, "models.digits-m.preprocess.resize: must be [height, width]"),
+        ({"resize": [0, 28]}, "models.digits-m.preprocess.resize[0]"),
+        ({"std": [0.0]}, "models.digits-m.preprocess.std: must be a number or a list of positive numbers"),
+        ({"mean": [0.1, 0.2]}, "models.digits-m.preprocess.mean: must have 1 value or one per channel"),
+        ({"channels": "yuv"}, "models.digits-m.preprocess.channels: must be one of rgb, bgr, gray"),
+        ({"input": "nv12"}, "models.digits-m.preprocess.input"),
+        ({"resise": [1, 1]}, "models.digits-m.preprocess.resise: unknown key"),
+    ],
+)
+def test_invalid_preprocess_table_names_the_key(preprocess: dict[str, Any], message: str) -> None:
+    data = {"models": {"digits-m": {"slo_ms": 5, "preprocess": preprocess}}}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ServerConfig.from_dict(data)

@@ -18,6 +18,10 @@ SERVING_MODULES = [
     "edgeserve.scheduler",
     "edgeserve.scheduler.cli",
     "edgeserve.export.cli",
+    "edgeserve.net.service",
+    "edgeserve.net.client",
+    "edgeserve.net.bench",
+    "edgeserve.net.send_cli",
 ]
 
 

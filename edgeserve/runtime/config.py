@@ -24,10 +24,32 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 LATE_MODES = ("serve", "expire")
 DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_IN_FLIGHT = 64
+CHANNEL_ORDERS = ("rgb", "bgr", "gray")
+INTERPOLATIONS = ("bilinear", "nearest")
 
 
 class ConfigError(EdgeServeError):
     """The server configuration is invalid; the message names the key path at fault."""
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """How a camera frame (uint8, height x width x channels) becomes the model's NCHW float32 input.
+
+    `channels` is the order the sender uses; the model is assumed to take RGB (or gray when it has
+    one input channel). `resize` defaults to the model's input height and width. Each value is
+    `(pixel * scale - mean[c]) / std[c]`; one-element mean/std apply to every channel.
+    """
+
+    input: str = "uint8-hwc"
+    resize: tuple[int, int] | None = None
+    interpolation: str = "bilinear"
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    channels: str = "rgb"
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,24 @@ class ModelConfig:
 
     slo_ms: float
     max_queue: int = DEFAULT_MAX_QUEUE
+    preprocess: PreprocessConfig | None = None
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    """Where `edgeserve serve` listens and the per-connection limits (see docs/protocol.md).
+
+    `tcp` is "host:port"; the host is 127.0.0.1 unless told otherwise. `token`, when set, must be
+    presented in every connection's hello.
+    """
+
+    unix: Path | None = None
+    unix_mode: int = 0o660
+    unix_group: str | None = None
+    tcp: tuple[str, int] | None = None
+    token: str | None = None
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
 
 @dataclass(frozen=True)
@@ -76,6 +116,7 @@ class ServerConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     shutdown_timeout_s: float = 5.0
+    listen: ListenConfig = field(default_factory=ListenConfig)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ServerConfig:
@@ -90,6 +131,11 @@ class ServerConfig:
         config = cls.from_dict(data, origin=str(path))
         if not config.repository.is_absolute():
             config = _replace_repository(config, path.parent / config.repository)
+        unix = config.listen.unix
+        if unix is not None and not unix.is_absolute():
+            from dataclasses import replace
+
+            config = replace(config, listen=replace(config.listen, unix=path.parent / unix))
         return config
 
     @classmethod
@@ -146,7 +192,7 @@ def _string(value: Any, key: str) -> str:
 
 def _server(data: Mapping[str, Any]) -> ServerConfig:
     data = _table(data, "(top level)")
-    _no_unknown(data, ("repository", "shutdown_timeout_s", "backend", "scheduler", "models"), "")
+    _no_unknown(data, ("repository", "shutdown_timeout_s", "backend", "scheduler", "models", "listen"), "")
     if "models" not in data:
         raise ConfigError("models: missing; add a [models.<name>] table with slo_ms for each served model")
     models_data = _table(data["models"], "models")
@@ -162,18 +208,98 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
         backend=_backend(data.get("backend", {})),
         scheduler=_scheduler(data.get("scheduler", {})),
         shutdown_timeout_s=_positive_number(data.get("shutdown_timeout_s", 5.0), "shutdown_timeout_s"),
+        listen=_listen(data.get("listen", {})),
     )
 
 
 def _model(data: Any, key: str) -> ModelConfig:
     data = _table(data, key)
-    _no_unknown(data, ("slo_ms", "max_queue"), key)
+    _no_unknown(data, ("slo_ms", "max_queue", "preprocess"), key)
     if "slo_ms" not in data:
         raise ConfigError(f"{key}.slo_ms: missing; give the model's deadline budget in milliseconds")
     return ModelConfig(
         slo_ms=_positive_number(data["slo_ms"], f"{key}.slo_ms"),
         max_queue=_positive_int(data.get("max_queue", DEFAULT_MAX_QUEUE), f"{key}.max_queue"),
+        preprocess=None if "preprocess" not in data else _preprocess(data["preprocess"], f"{key}.preprocess"),
     )
+
+
+def _numbers(value: Any, key: str, positive: bool = False) -> tuple[float, ...]:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    ok = bool(values) and all(
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (v > 0 or not positive)
+        for v in values
+    )
+    if not ok:
+        kind = "positive numbers" if positive else "numbers"
+        raise ConfigError(f"{key}: must be a number or a list of {kind}, got {value!r}")
+    return tuple(float(v) for v in values)
+
+
+def _preprocess(data: Any, key: str) -> PreprocessConfig:
+    data = _table(data, key)
+    allowed = ("input", "resize", "interpolation", "scale", "mean", "std", "channels")
+    _no_unknown(data, allowed, key)
+    resize = data.get("resize")
+    if resize is not None:
+        if not (isinstance(resize, (list, tuple)) and len(resize) == 2):
+            raise ConfigError(f"{key}.resize: must be [height, width], got {resize!r}")
+        resize = (_positive_int(resize[0], f"{key}.resize[0]"), _positive_int(resize[1], f"{key}.resize[1]"))
+    mean = _numbers(data.get("mean", 0.0), f"{key}.mean")
+    std = _numbers(data.get("std", 1.0), f"{key}.std", positive=True)
+    channels = _choice(data.get("channels", "rgb"), f"{key}.channels", CHANNEL_ORDERS)
+    for name, values in (("mean", mean), ("std", std)):
+        if len(values) not in (1, 1 if channels == "gray" else 3):
+            raise ConfigError(f"{key}.{name}: must have 1 value or one per channel, got {len(values)}")
+    return PreprocessConfig(
+        input=_choice(data.get("input", "uint8-hwc"), f"{key}.input", ("uint8-hwc",)),
+        resize=resize,
+        interpolation=_choice(data.get("interpolation", "bilinear"), f"{key}.interpolation", INTERPOLATIONS),
+        scale=_positive_number(data.get("scale", 1.0 / 255.0), f"{key}.scale"),
+        mean=mean,
+        std=std,
+        channels=channels,
+    )
+
+
+def _listen(data: Any) -> ListenConfig:
+    data = _table(data, "listen")
+    allowed = ("unix", "unix_mode", "unix_group", "tcp", "token", "max_frame_bytes", "max_in_flight")
+    _no_unknown(data, allowed, "listen")
+    unix = data.get("unix")
+    if unix is not None:
+        unix = Path(_string(unix, "listen.unix"))
+    mode_text = data.get("unix_mode", "0660")
+    if not isinstance(mode_text, str) or not re.fullmatch(r"0?[0-7]{3}", mode_text):
+        raise ConfigError(f'listen.unix_mode: must be an octal string such as "0660", got {mode_text!r}')
+    group = data.get("unix_group")
+    tcp = data.get("tcp")
+    if tcp is not None:
+        tcp = _host_port(tcp)
+    token = data.get("token")
+    return ListenConfig(
+        unix=unix,
+        unix_mode=int(mode_text, 8),
+        unix_group=None if group is None else _string(group, "listen.unix_group"),
+        tcp=tcp,
+        token=None if token is None else _string(token, "listen.token"),
+        max_frame_bytes=_positive_int(
+            data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
+        ),
+        max_in_flight=_positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
+    )
+
+
+def _host_port(value: Any) -> tuple[str, int]:
+    """ "host:port" or ":port" (host 127.0.0.1); port 0 picks a free port."""
+    match = re.fullmatch(r"(.*):(\d+)", value) if isinstance(value, str) else None
+    if match is None or int(match.group(2)) > 65535:
+        raise ConfigError(f'listen.tcp: must be "host:port" such as "127.0.0.1:7070", got {value!r}')
+    host = match.group(1).strip("[]") or "127.0.0.1"
+    return host, int(match.group(2))
 
 
 def _backend(data: Any) -> BackendConfig:

@@ -1,0 +1,132 @@
+"""What the socket front adds: the UNIX and TCP paths against calling the embedding API directly.
+
+One process, one event loop: the Server, its listeners and the AsyncClients share the loop, so the
+added cost below includes the client's encode/decode as well as the server's frame handling. Rounds
+interleave the three paths so machine noise hits them alike. Two measurements per path:
+
+- latency: one request at a time (batch 1), p50/p99 in microseconds; "added" is the difference
+  from the direct path's percentile;
+- throughput: `--concurrency` requests kept in flight for `--seconds`, requests/s.
+
+Needs a profiled repository (`make demo` makes `engines/` with the digits models):
+
+    .venv/bin/python benchmarks/socket_overhead.py                       # digits-s, ~30 s
+    .venv/bin/python benchmarks/socket_overhead.py --model digits-l --requests 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+
+from edgeserve.net.client import AsyncClient
+from edgeserve.net.service import NetServer
+from edgeserve.runtime.loop import run
+
+Call = Callable[[np.ndarray], Awaitable[str]]
+
+
+async def latencies(call: Call, xs: np.ndarray, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        status = await call(xs[i % len(xs)])
+        out.append((time.perf_counter() - t0) * 1e6)
+        assert status == "ok", status
+    return out
+
+
+async def throughput(call: Call, xs: np.ndarray, concurrency: int, seconds: float) -> float:
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        nonlocal done
+        i = k
+        while time.perf_counter() < stop:
+            status = await call(xs[i % len(xs)])
+            assert status == "ok", status
+            done += 1
+            i += concurrency
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    return done / (time.perf_counter() - t0)
+
+
+async def main(args: argparse.Namespace) -> None:
+    sock_dir = Path(tempfile.mkdtemp(prefix="edgeserve-bench-"))
+    config = {
+        "repository": str(args.repository),
+        "backend": {"name": "onnxruntime", "threads": args.threads, "warmup": 3},
+        "models": {args.model: {"slo_ms": 1000, "max_queue": 4096}},
+        "listen": {"unix": str(sock_dir / "s.sock"), "tcp": "127.0.0.1:0", "max_in_flight": 4096},
+    }
+    async with NetServer(config) as net:
+        server = net.server
+        spec = server.manifest(args.model).input
+        xs = np.random.default_rng(0).standard_normal((64, *spec.shape)).astype(spec.dtype)
+        unix = await AsyncClient.connect(net.urls[0])
+        tcp = await AsyncClient.connect(net.urls[1])
+
+        async def direct(x: np.ndarray) -> str:
+            return (await server.infer(args.model, x)).status.value
+
+        def over(client: AsyncClient) -> Call:
+            async def call(x: np.ndarray) -> str:
+                return (await client.infer(args.model, x)).status
+
+            return call
+
+        paths: dict[str, Call] = {"direct": direct, "unix": over(unix), "tcp": over(tcp)}
+        for call in paths.values():  # warm-up
+            await latencies(call, xs, 50)
+        lat: dict[str, list[float]] = {name: [] for name in paths}
+        rps: dict[str, list[float]] = {name: [] for name in paths}
+        per_round = max(1, args.requests // args.rounds)
+        for _ in range(args.rounds):
+            for name, call in paths.items():
+                lat[name] += await latencies(call, xs, per_round)
+                rps[name].append(await throughput(call, xs, args.concurrency, args.seconds / args.rounds))
+        await unix.close()
+        await tcp.close()
+    sock_dir.rmdir()
+
+    base50, base99 = (float(np.percentile(lat["direct"], q)) for q in (50, 99))
+    print(
+        f"{args.model}: {len(lat['direct'])} sequential requests per path, throughput at concurrency "
+        f"{args.concurrency}; ONNX Runtime {args.threads} thread(s)"
+    )
+    header = f"{'path':<8} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
+    print(header)
+    print("-" * len(header))
+    for name in paths:
+        p50, p99 = (float(np.percentile(lat[name], q)) for q in (50, 99))
+        print(
+            f"{name:<8} {float(np.mean(rps[name])):>9.0f} {p50:>9.0f} {p99:>9.0f} "
+            f"{p50 - base50:>13.0f} {p99 - base99:>13.0f}"
+        )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repository", type=Path, default=Path("engines"))
+    parser.add_argument("--model", default="digits-s")
+    parser.add_argument("--threads", type=int, default=1, help="must match the profile's (default 1)")
+    parser.add_argument("--requests", type=int, default=3000, help="sequential requests per path")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=5.0, help="throughput time per path")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    run(main(parse_args()))

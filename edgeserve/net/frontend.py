@@ -1,0 +1,352 @@
+"""One asyncio.Protocol per connection, in front of a running Server.
+
+Flow control (after uvicorn's flow_control.py): reading pauses while the transport's write
+buffer is above its high-water mark (a client that does not read its answers stops being read,
+so the server never buffers without bound) and resumes when it drains. Requests beyond
+`max_in_flight` on one connection are answered `rejected` at once ("too many requests in
+flight"), so a pipelining client learns the limit instead of stalling.
+
+Every accepted request gets exactly one answer; if the client has gone, the answer is dropped
+and counted in FrontendStats.discarded. A frame over max_frame_bytes or an unreadable frame
+gets an error message and the connection is closed (a peer that breaks framing cannot be
+trusted to resynchronise); a readable request with a bad field gets an `invalid` answer and the
+connection stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+
+from edgeserve import __version__
+from edgeserve.net.preprocess import PreprocessError, preprocess_frame
+from edgeserve.net.protocol import (
+    HEADER,
+    PROTOCOL_VERSION,
+    InferRequest,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    message_type,
+    parse_hello,
+    parse_infer,
+)
+from edgeserve.net.tensors import encode_tensor
+from edgeserve.runtime.config import ListenConfig
+from edgeserve.runtime.results import Result, Status
+from edgeserve.runtime.server import Server
+
+_log = logging.getLogger(__name__)
+
+TOO_MANY_IN_FLIGHT = "too many requests in flight"
+WRITE_HIGH_WATER = 1024 * 1024
+FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
+
+
+@dataclass
+class FrontendStats:
+    """Connection-level counters (the Server counts requests)."""
+
+    connections: int = 0
+    open_connections: int = 0
+    requests: int = 0
+    discarded: int = 0  # answers whose client had gone
+    protocol_errors: int = 0
+    refused_auth: int = 0
+    expired_on_arrival: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+def _ms(value: float) -> float | None:
+    return None if value != value else round(value, 4)  # nan -> None (msgpack has no nan-free float)
+
+
+def result_message(request_id: int, result: Result, priority: int | None) -> dict[str, Any]:
+    """The wire form of a Result (docs/protocol.md, "result")."""
+    exit_info = None
+    if result.exit_index is not None:
+        exit_info = {
+            "index": result.exit_index,
+            "name": result.exit_name,
+            "accuracy": result.expected_accuracy,
+        }
+    return {
+        "type": "result",
+        "id": request_id,
+        "status": result.status.value,
+        "model": result.model,
+        "output": None if result.output is None else encode_tensor(np.asarray(result.output)),
+        "exit": exit_info,
+        "late": bool(result.status is Status.OK and result.late),
+        "timings": {
+            "queue_ms": _ms(result.queue_ms),
+            "service_ms": _ms(result.service_ms),
+            "total_ms": _ms(result.total_ms),
+            "batch_size": result.batch_size,
+        },
+        "priority": priority,
+        "error": result.error,
+    }
+
+
+class Frontend:
+    """Shared by all connections of one server process: the Server, the limits and the counters."""
+
+    def __init__(self, server: Server, listen: ListenConfig) -> None:
+        self.server = server
+        self.listen = listen
+        self.stats = FrontendStats()
+        self.connections: set[Connection] = set()
+        self.write_high_water = WRITE_HIGH_WATER  # bytes buffered for one client before reading pauses
+
+    def protocol_factory(self) -> Connection:
+        return Connection(self)
+
+    def model_table(self) -> dict[str, Any]:
+        """What the hello reply tells a client about each served model."""
+        table: dict[str, Any] = {}
+        for name in self.server.models:
+            manifest = self.server.manifest(name)
+            config = self.server.config.models[name]
+            pre = config.preprocess
+            table[name] = {
+                "input": {"dtype": manifest.input.dtype, "shape": list(manifest.input.shape)},
+                "camera_input": None
+                if pre is None
+                else {"dtype": "uint8", "layout": "hwc", "channels": pre.channels},
+                "slo_ms": config.slo_ms,
+                "exits": [{"name": e.name, "accuracy": e.accuracy} for e in manifest.exits],
+            }
+        return table
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (bounded) until every connection's request tasks have written their answers."""
+        tasks = [t for c in self.connections for t in c.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    def close_all(self) -> None:
+        for connection in list(self.connections):
+            connection.close()
+
+
+class Connection(asyncio.Protocol):
+    """One client: hello first, then pipelined infer requests answered in completion order."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._buffer = bytearray()
+        self._greeted = False
+        self._closing = False
+        self._in_flight = 0
+        self._paused = False
+        self._eof = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- transport callbacks -----------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> set[asyncio.Task[None]]:
+        return set(self._tasks)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        transport = self.transport
+        transport.set_write_buffer_limits(high=self.frontend.write_high_water)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.peer = str(transport.get_extra_info("peername") or "unix")
+        stats = self.frontend.stats
+        stats.connections += 1
+        stats.open_connections += 1
+        self.frontend.connections.add(self)
+        _log.info("client connected: %s", self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.frontend.connections.discard(self)
+        self.frontend.stats.open_connections -= 1
+        _log.info("client disconnected: %s (%d requests still in flight)", self.peer, self._in_flight)
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
+
+    def pause_writing(self) -> None:
+        """The client is not reading its answers: stop reading its requests until it does."""
+        if self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and self._paused and not self._closing:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return  # after an error: discard until the peer closes
+        self._buffer += data
+        limit = self.frontend.listen.max_frame_bytes
+        while not self._closing and len(self._buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buffer)
+            if length > limit:
+                self._fail(f"frame of {length} bytes exceeds max_frame_bytes {limit}")
+                return
+            end = HEADER.size + length
+            if len(self._buffer) < end:
+                return
+            body = bytes(self._buffer[HEADER.size : end])
+            del self._buffer[:end]
+            self._on_frame(body)
+
+    def eof_received(self) -> bool | None:
+        """The client half-closed: answer what is in flight, then close (keep the transport open)."""
+        if self._closing:
+            return False
+        self._eof = True
+        if self._in_flight == 0:
+            self.close()
+        return True
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _on_frame(self, body: bytes) -> None:
+        try:
+            message = decode_body(body, self.frontend.listen.max_frame_bytes)
+            kind = message_type(message)
+            if not self._greeted:
+                if kind != "hello":
+                    raise ProtocolError("the first message must be a hello (docs/protocol.md)")
+                self._on_hello(message)
+                return
+            if kind == "hello":
+                raise ProtocolError("hello was already sent on this connection")
+            request = parse_infer(message)
+        except ProtocolError as exc:
+            if exc.request_id is not None and self._greeted:
+                self.frontend.stats.protocol_errors += 1
+                self._reply_now(exc.request_id, Status.INVALID, str(exc), None)
+            else:
+                self._fail(str(exc))
+            return
+        self._on_request(request)
+
+    def _on_hello(self, message: dict[str, Any]) -> None:
+        hello = parse_hello(message)
+        token = self.frontend.listen.token
+        if token is not None and not hmac.compare_digest((hello.token or "").encode(), token.encode()):
+            self.frontend.stats.refused_auth += 1
+            self._fail("authentication failed: wrong or missing token", auth=True)
+            return
+        self._greeted = True
+        self._send(
+            {
+                "type": "hello",
+                "version": PROTOCOL_VERSION,
+                "server": f"edgeserve {__version__}",
+                "max_frame_bytes": self.frontend.listen.max_frame_bytes,
+                "max_in_flight": self.frontend.listen.max_in_flight,
+                "models": self.frontend.model_table(),
+            }
+        )
+
+    def _on_request(self, request: InferRequest) -> None:
+        stats = self.frontend.stats
+        stats.requests += 1
+        if self._in_flight >= self.frontend.listen.max_in_flight:
+            self._reply_now(request.id, Status.REJECTED, TOO_MANY_IN_FLIGHT, request.priority, request.model)
+            return
+        deadline_ms = request.deadline_ms
+        if request.capture_ts is not None and request.model in self.frontend.server.config.models:
+            slo_ms = self.frontend.server.config.models[request.model].slo_ms
+            deadline_ms = slo_ms - (time.time() - request.capture_ts) * 1000.0
+            if deadline_ms <= 0:
+                stats.expired_on_arrival += 1
+                why = f"captured {-deadline_ms + slo_ms:.1f} ms ago, past the {slo_ms:g} ms SLO"
+                self._reply_now(request.id, Status.EXPIRED, why, request.priority, request.model)
+                return
+        self._in_flight += 1
+        task = asyncio.ensure_future(self._serve(request, deadline_ms))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, request: InferRequest, deadline_ms: float | None) -> None:
+        try:
+            x = request.tensor
+            pre = self.frontend.server.config.models.get(request.model)
+            if pre is not None and pre.preprocess is not None and x.dtype == np.uint8:
+                shape = tuple(self.frontend.server.manifest(request.model).input.shape)
+                try:
+                    x = await asyncio.to_thread(preprocess_frame, x, pre.preprocess, shape)
+                except PreprocessError as exc:
+                    self._answer(
+                        request.id, Result(Status.INVALID, request.model, error=str(exc)), request.priority
+                    )
+                    return
+            result = await self.frontend.server.infer(request.model, x, deadline_ms=deadline_ms)
+            self._answer(request.id, result, request.priority)
+        except Exception as exc:  # never lose an answer, whatever went wrong
+            _log.exception("request %d from %s failed", request.id, self.peer)
+            self._answer(
+                request.id, Result(Status.ERROR, request.model, error=f"{type(exc).__name__}: {exc}"), None
+            )
+        finally:
+            self._in_flight -= 1
+            if self._eof and self._in_flight == 0:
+                self.close()
+
+    def _reply_now(
+        self, request_id: int, status: Status, error: str, priority: int | None, model: str = ""
+    ) -> None:
+        now = time.monotonic()
+        self._answer(request_id, Result(status, model, queued=now, end=now, error=error), priority)
+
+    def _answer(self, request_id: int, result: Result, priority: int | None) -> None:
+        stats = self.frontend.stats
+        stats.by_status[result.status.value] = stats.by_status.get(result.status.value, 0) + 1
+        if self._closing:
+            stats.discarded += 1
+            return
+        self._send(result_message(request_id, result, priority))
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.transport is not None and not self._closing:
+            self.transport.write(encode_frame(message))
+
+    def _fail(self, error: str, auth: bool = False) -> None:
+        """An error message, then close: used when the stream or the peer cannot be trusted.
+
+        Our side is half-closed first and later input is discarded, so the error message is not
+        lost to a reset caused by closing with the peer's unread bytes; the transport closes when
+        the peer does, or after FAIL_LINGER_S.
+        """
+        if not auth:
+            self.frontend.stats.protocol_errors += 1
+        _log.info("closing %s: %s", self.peer, error)
+        self._send({"type": "error", "error": error})
+        self._buffer.clear()
+        transport = self.transport
+        if transport is None or self._closing:
+            return
+        self._closing = True
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(FAIL_LINGER_S, transport.close)
+        else:
+            transport.close()
+
+    def close(self) -> None:
+        self._closing = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # flushes what is buffered, then closes
