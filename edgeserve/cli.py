@@ -23,6 +23,8 @@ SUBCOMMAND_MODULES = (
     "edgeserve.net.serve_cli",
     "edgeserve.net.bench_cli",
     "edgeserve.net.send_cli",
+    "edgeserve.install_service",
+    "edgeserve.doctor",
 )
 
 

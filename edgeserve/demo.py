@@ -2,8 +2,9 @@
 
 Each step is the public command a user would type, printed before it runs, so the demo doubles as a
 walk-through: export, profile (both cached: a second run re-uses the exported models and the measured
-profiles), then `edgeserve serve` on a UNIX socket, `edgeserve bench` against it, and a SIGTERM that
-stops the server cleanly.
+profiles), then `edgeserve serve` on a UNIX socket and an Open Inference Protocol HTTP port,
+`edgeserve bench` against each, a scrape of the Prometheus endpoint, and a SIGTERM that stops the
+server cleanly.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +74,17 @@ def steps(repository: Path, plot: Path, force: bool) -> list[Step]:
     ]
 
 
-def write_serve_config(path: Path, repository: Path, socket_path: Path) -> None:
-    """The demo's server: the three digits models on one ONNX Runtime thread, a UNIX socket."""
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_serve_config(
+    path: Path, repository: Path, socket_path: Path, http_port: int, metrics_port: int
+) -> None:
+    """The demo's server: the three digits models on one ONNX Runtime thread, a UNIX socket, the
+    Open Inference Protocol on `http_port` and Prometheus metrics on `metrics_port`."""
     lines = [
         f"repository = {json.dumps(str(repository.resolve()))}",
         "shutdown_timeout_s = 5.0",
@@ -82,6 +94,9 @@ def write_serve_config(path: Path, repository: Path, socket_path: Path) -> None:
         "[listen]",
         f"unix = {json.dumps(str(socket_path))}",
         'unix_mode = "0600"',
+        f'http = "127.0.0.1:{http_port}"',
+        "[metrics]",
+        f'listen = "127.0.0.1:{metrics_port}"',
     ]
     for model in DEMO_MODELS:
         lines += [f"[models.{model}]", f"slo_ms = {DEMO_SLO_MS[model]}"]
@@ -111,16 +126,63 @@ def _wait_ready(server: subprocess.Popen[str], timeout: float) -> str | None:
     return found[0] if found else None
 
 
+HTTP_DEMO_RATE = 300.0  # requests/s over HTTP: each costs ~1 ms of Python on a shared 2-core box
+METRICS_SHOWN = (
+    "edgeserve_requests_total",
+    "edgeserve_deadline_violations_total",
+    "edgeserve_exit_total",
+    "edgeserve_executor_utilization",
+    "edgeserve_frontend_requests_total",
+)
+
+
+def _bench(number: int, what: str, target: str, out: Path, rate: float, duration: float, name: str) -> int:
+    bindir = Path(sys.executable).parent
+    bench = [
+        str(bindir / "edgeserve"),
+        "bench",
+        "--target",
+        target,
+        "--total-rate",
+        f"{rate:g}",
+        "--duration",
+        f"{duration:g}",
+        "--warmup",
+        "2",
+        "--csv",
+        str(out / f"{name}.csv"),
+        "--plot",
+        str(out / f"{name}.png"),
+    ]
+    _show(number, f"drive Poisson traffic (3:2:1) over {what} and report deadline violations", bench)
+    t0 = time.perf_counter()
+    code = subprocess.call(bench)
+    print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return code
+
+
+def _show_metrics(number: int, url: str) -> None:
+    """What a Prometheus scrape sees after both runs (docs/metrics.md lists every metric)."""
+    pattern = "|".join(METRICS_SHOWN)
+    print(f"\n== {number}. scrape the Prometheus endpoint\n$ curl -s {url} | grep -E '^({pattern})'")
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(METRICS_SHOWN) and not line.endswith(" 0") and not line.endswith(" 0.0"):
+            print(f"   {line}")
+
+
 def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float, duration: float) -> int:
     """Start `edgeserve serve`, drive it with `edgeserve bench`, stop it with SIGTERM."""
     bindir = Path(sys.executable).parent
     config = out / "demo-serve.toml"
     socket_dir = Path(tempfile.mkdtemp(prefix="edgeserve-demo-"))  # short path: UNIX socket names are limited
     socket_path = socket_dir / "edgeserve.sock"
-    write_serve_config(config, repository, socket_path)
+    http_port, metrics_port = free_port(), free_port()
+    write_serve_config(config, repository, socket_path, http_port, metrics_port)
     log_path = out / "demo-serve.log"
     serve = [str(bindir / "edgeserve"), "serve", "--config", str(config)]
-    _show(number, f"start the server on a UNIX socket (log: {log_path})", serve, background=True)
+    _show(number, f"start the server: UNIX socket, HTTP, metrics (log: {log_path})", serve, background=True)
     with log_path.open("w") as log:
         server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
@@ -132,31 +194,26 @@ def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float,
             )
             return 1
         print(ready, flush=True)
-        bench = [
-            str(bindir / "edgeserve"),
-            "bench",
-            "--target",
-            f"unix://{socket_path}",
-            "--total-rate",
-            f"{total_rate:g}",
-            "--duration",
-            f"{duration:g}",
-            "--warmup",
-            "2",
-            "--csv",
-            str(out / "bench.csv"),
-            "--plot",
-            str(out / "bench.png"),
-        ]
-        _show(
-            number + 1, "drive Poisson traffic (3:2:1) over the socket and report deadline violations", bench
+        code = _bench(
+            number + 1, "the UNIX socket", f"unix://{socket_path}", out, total_rate, duration, "bench"
         )
-        t0 = time.perf_counter()
-        code = subprocess.call(bench)
-        print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+        if code == 0:
+            http_rate = min(total_rate, HTTP_DEMO_RATE)
+            target = f"http://127.0.0.1:{http_port}"
+            code = _bench(
+                number + 2,
+                "Open Inference Protocol (HTTP)",
+                target,
+                out,
+                http_rate,
+                duration / 2,
+                "bench-http",
+            )
+        if code == 0:
+            _show_metrics(number + 3, f"http://127.0.0.1:{metrics_port}/metrics")
         return code
     finally:
-        print(f"\n== {number + 2}. stop the server\n$ kill -TERM {server.pid}", flush=True)
+        print(f"\n== {number + 4}. stop the server\n$ kill -TERM {server.pid}", flush=True)
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(30)
@@ -201,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     print(
         f"\ndemo finished in {time.perf_counter() - started:.1f} s; plots: {args.plot} (profile), "
-        f"{args.plot.parent / 'bench.png'} (served latency and exit mix)"
+        f"{args.plot.parent / 'bench.png'}, {args.plot.parent / 'bench-http.png'} (latency, exit mix)"
     )
     return 0
 

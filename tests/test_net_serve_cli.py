@@ -83,7 +83,7 @@ def test_serve_subprocess_answers_in_flight_requests_on_sigterm_and_removes_its_
     assert code == 0, err
     assert len(replies) == 30 and all(r.status in ("ok", "shutdown") for r in replies)
     assert not sock.exists()
-    assert "client connected" in err and "stopped after" in err
+    assert "client connected" in err and "event=stopped" in err
 
 
 def test_serve_without_a_listener_says_what_to_add(

@@ -238,6 +238,17 @@ def test_a_client_that_does_not_read_is_paused_and_does_not_stall_others(served,
         srv.net.frontend.write_high_water = 4096
         slow.sendall(hello_frame())
         assert read_frame(slow)["type"] == "hello"
+
+        async def shrink_send_buffers() -> None:
+            """Small buffers, so the answers back up whatever their size (under load many are short
+            `rejected` frames). The connection may have been made before write_high_water was set."""
+            for connection in srv.net.frontend.connections:
+                assert connection.transport is not None
+                connection.transport.set_write_buffer_limits(high=4096)
+                sock = connection.transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+        asyncio.run_coroutine_threadsafe(shrink_send_buffers(), srv.loop).result(10)
         sender = threading.Thread(target=lambda: slow.sendall(frame * n), daemon=True)
         sender.start()  # blocks once the server stops reading this connection
 

@@ -1,4 +1,5 @@
-"""A load generator over the socket: Poisson arrivals per model, one connection per model.
+"""A load generator: Poisson arrivals per model, one connection per model over the socket, or
+pooled HTTP connections to any Open Inference Protocol server (edgeserve.oip.bench_target).
 
 Every request sent is counted exactly once: answered (by status), or still unanswered after the
 drain timeout at the end. Requests sent during the warm-up are answered but not counted.
@@ -17,20 +18,49 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from edgeserve.errors import EdgeServeError
-from edgeserve.net.client import AsyncClient, Reply
+from edgeserve.net.client import AsyncClient
 
 PAPER_RATIOS = (3.0, 2.0, 1.0)
 INPUT_POOL = 16
 
 
+class Answer(Protocol):
+    """What the bench reads from an answer (the socket's Reply, edgeserve.oip.bench_target.Answer)."""
+
+    status: str
+    exit_name: str | None
+    expected_accuracy: float | None
+    late: bool
+
+
+class Target(Protocol):
+    """One protocol's client: the served models' input specs and a send that resolves to an Answer."""
+
+    @property
+    def models(self) -> dict[str, Any]: ...
+
+    def send(self, model: str, x: np.ndarray, *, deadline_ms: float | None = None) -> asyncio.Future[Any]: ...
+
+    async def close(self) -> None: ...
+
+
+async def connect_target(settings: BenchSettings, models: list[str] | None = None) -> Target:
+    """http(s):// -> an Open Inference Protocol target; unix:// or tcp:// -> edgeserve's socket."""
+    if settings.target.startswith(("http://", "https://")):
+        from edgeserve.oip.bench_target import OipTarget
+
+        return await OipTarget.connect(settings.target, models, binary=settings.binary)
+    return await AsyncClient.connect(settings.target, token=settings.token)
+
+
 @dataclass(frozen=True)
 class BenchSettings:
-    target: str
+    target: str  # unix:///path, tcp://host:port or http://host:port (Open Inference Protocol)
     rates: dict[str, float]  # requests/s per model; empty: derived from ratios and total_rate
     duration_s: float = 10.0
     warmup_s: float = 1.0
@@ -38,6 +68,7 @@ class BenchSettings:
     deadline_ms: float | None = None  # None: each model's SLO
     drain_timeout_s: float = 5.0
     seed: int = 0
+    binary: bool = True  # http targets: the binary tensor extension (False: JSON tensors)
 
 
 @dataclass
@@ -92,7 +123,7 @@ async def run_bench(
 ) -> BenchResult:
     """Drive the server for warm-up + duration; `on_tick(elapsed_s, sent, answered)` ~5 times a second."""
     models = list(settings.rates)
-    clients = {m: await AsyncClient.connect(settings.target, token=settings.token) for m in models}
+    clients = {m: await connect_target(settings, models) for m in models}
     try:
         table = next(iter(clients.values())).models
         unknown = [m for m in models if m not in table]
@@ -103,18 +134,18 @@ async def run_bench(
         result = BenchResult(settings, dict(settings.rates))
         rng = np.random.default_rng(settings.seed)
         inputs = {m: _inputs(table[m], rng) for m in models}
-        pending: set[asyncio.Future[Reply]] = set()
+        pending: set[asyncio.Future[Any]] = set()
         start = time.monotonic()
         measured_from = start + settings.warmup_s
         end = measured_from + settings.duration_s
         counts = {"sent": 0, "answered": 0}
 
-        def record_reply(record: Record | None, future: asyncio.Future[Reply], sent_at: float) -> None:
+        def record_reply(record: Record | None, future: asyncio.Future[Any], sent_at: float) -> None:
             pending.discard(future)
             counts["answered"] += record is not None
             if record is None or future.cancelled() or future.exception() is not None:
                 return
-            reply = future.result()
+            reply: Answer = future.result()
             record.latency_ms = (time.monotonic() - sent_at) * 1000.0
             record.status = reply.status
             record.exit_name = reply.exit_name

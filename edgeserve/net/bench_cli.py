@@ -1,9 +1,14 @@
-"""`edgeserve bench`: drive a running server with Poisson traffic and report deadline violations."""
+"""`edgeserve bench`: drive a running server with Poisson traffic and report deadline violations.
+
+The target is edgeserve's socket (unix://, tcp://) or any Open Inference Protocol endpoint
+(http://: edgeserve's own HTTP frontend, Triton, KServe), with the same load and the same report.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 EPILOG = """\
@@ -13,8 +18,14 @@ examples:
   # explicit per-model rates, with a CSV of every request and a plot
   edgeserve bench --target tcp://127.0.0.1:7070 --model digits-s --rate 60 --model digits-m --rate 40 \\
       --csv out/bench.csv --plot out/bench.png
+  # the same load over the Open Inference Protocol (edgeserve's [listen] http, or Triton/KServe)
+  edgeserve bench --target http://127.0.0.1:8000 --total-rate 150 --duration 10          # binary tensors
+  edgeserve bench --target http://127.0.0.1:8000 --model digits-m --rate 50 --json       # JSON tensors
 
 Violation % = (ok but late + expired + rejected) / answered. Latencies are measured on the client.
+Over HTTP, statuses come from the HTTP codes (429 rejected, 504 expired, ...; docs/oip.md) and the
+exit mix and lateness from edgeserve's response parameters; another server's answers count as
+ok with an unknown exit.
 """
 
 
@@ -30,13 +41,29 @@ def _ratios(text: str) -> tuple[float, ...]:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="load-test a running server over its socket",
-        description="Send Poisson traffic per model to `edgeserve serve` and report violation ratio, "
+        help="load-test a running server over its socket or the Open Inference Protocol",
+        description="Send Poisson traffic per model to `edgeserve serve` (or any Open Inference Protocol "
+        "server) and report violation ratio, "
         "P50/P95/P99 latency, throughput, expected accuracy and exit mix.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--target", required=True, help="unix:///path/to.sock or tcp://host:port")
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="unix:///path/to.sock, tcp://host:port, or http://host:port (Open Inference Protocol)",
+    )
+    encoding = parser.add_mutually_exclusive_group()
+    encoding.add_argument(
+        "--binary",
+        dest="binary",
+        action="store_true",
+        default=True,
+        help="http targets: send and receive tensors as raw bytes (the binary tensor extension; default)",
+    )
+    encoding.add_argument(
+        "--json", dest="binary", action="store_false", help="http targets: send and receive tensors as JSON"
+    )
     parser.add_argument("--token", help="the server's listen.token, if it has one")
     parser.add_argument(
         "--model", action="append", default=[], help="a model to load (repeatable); default: all"
@@ -64,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from edgeserve.errors import EdgeServeError
     from edgeserve.net.bench import (
         BenchSettings,
+        connect_target,
         default_ratios,
         format_report,
         run_bench,
@@ -71,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
         write_csv,
         write_plot,
     )
-    from edgeserve.net.client import BlockingClient
     from edgeserve.runtime.loop import run as run_loop
 
     if args.rate and len(args.rate) != len(args.model):
@@ -80,22 +107,30 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeServeError("--rate and --ratios are exclusive")
     if args.duration <= 0 or args.warmup < 0:
         raise EdgeServeError("--duration must be positive and --warmup non-negative")
-    if args.rate:
-        rates = dict(zip(args.model, args.rate, strict=True))
-    else:
-        with BlockingClient(args.target, token=args.token) as probe:
-            served = list(probe.models)
-        models = args.model or served
-        rates = split_rate(models, args.ratios or default_ratios(len(models)), args.total_rate)
     settings = BenchSettings(
         target=args.target,
-        rates=rates,
+        rates={},
         duration_s=args.duration,
         warmup_s=args.warmup,
         token=args.token,
         deadline_ms=args.deadline_ms,
         seed=args.seed,
+        binary=args.binary,
     )
+    if args.rate:
+        rates = dict(zip(args.model, args.rate, strict=True))
+    else:
+
+        async def served_models() -> list[str]:
+            probe = await connect_target(settings)
+            try:
+                return list(probe.models)
+            finally:
+                await probe.close()
+
+        models = args.model or run_loop(served_models())
+        rates = split_rate(models, args.ratios or default_ratios(len(models)), args.total_rate)
+    settings = replace(settings, rates=rates)
     shown = ", ".join(f"{m} {r:.1f}/s" for m, r in rates.items())
     print(
         f"bench: {args.target}: {shown}; warm-up {args.warmup:g} s, measuring {args.duration:g} s", flush=True
@@ -103,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(
         total=round(args.duration, 1),
         unit="s",
-        disable=args.no_progress,
+        disable=True if args.no_progress else None,  # None: no bar when stderr is not a terminal
         file=sys.stderr,
         bar_format="{l_bar}{bar}| {n:.1f}/{total} s {postfix}",
     )

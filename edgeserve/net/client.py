@@ -53,6 +53,7 @@ class Reply:
     timings: dict[str, Any] = field(default_factory=dict)
     priority: int | None = None
     error: str | None = None
+    served_by: str = "local"  # or the name of the upstream that computed the output (docs/offload.md)
 
     @property
     def ok(self) -> bool:
@@ -74,6 +75,7 @@ class Reply:
             timings=message.get("timings") or {},
             priority=message.get("priority"),
             error=message.get("error"),
+            served_by=str(message.get("served_by") or "local"),
         )
 
 

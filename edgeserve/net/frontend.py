@@ -85,6 +85,7 @@ def result_message(request_id: int, result: Result, priority: int | None) -> dic
         "output": None if result.output is None else encode_tensor(np.asarray(result.output)),
         "exit": exit_info,
         "late": bool(result.status is Status.OK and result.late),
+        "served_by": result.served_by,
         "timings": {
             "queue_ms": _ms(result.queue_ms),
             "service_ms": _ms(result.service_ms),

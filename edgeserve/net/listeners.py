@@ -68,9 +68,10 @@ def _remove_stale_socket(path: Path) -> None:
 
 def require_listener(listen: ListenConfig) -> None:
     """ListenError unless the config names at least one listener."""
-    if listen.unix is None and listen.tcp is None:
+    if listen.unix is None and listen.tcp is None and listen.http is None:
         raise ListenError(
-            'no listener configured; add [listen] with unix = "/run/edgeserve.sock" or tcp = ":7070"'
+            'no listener configured; add [listen] with unix = "/run/edgeserve.sock", tcp = ":7070" '
+            'or http = ":8000"'
         )
 
 

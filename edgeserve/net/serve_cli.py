@@ -20,12 +20,19 @@ The config is the runtime's TOML file (docs/runtime.md) with a [listen] table:
   [listen]
   unix = "/run/edgeserve/edgeserve.sock"   # and/or
   tcp = "127.0.0.1:7070"                  # ":7070" also binds 127.0.0.1
+  http = "127.0.0.1:8000"                 # Open Inference Protocol / KServe v2 (docs/oip.md)
   unix_mode = "0660"
   token = "change-me"                     # clients send it in their hello
+  [metrics]                               # optional: Prometheus scrape endpoint (docs/metrics.md)
+  listen = "127.0.0.1:8002"               # serves GET /metrics; logged as `metrics url=...`
 
 Once every listener is open it prints one line that scripts can wait for:
   edgeserve: ready, listening on unix:///run/edgeserve/edgeserve.sock tcp://127.0.0.1:7070
 SIGTERM or SIGINT stops accepting, answers the requests in flight, removes the socket file.
+SIGHUP re-reads the config: SLOs, queue limits, [scheduler], profiles and [logging] change live;
+changing the models, [backend], [listen] or the repository is refused (restart instead).
+Logs are one logfmt (or JSON) line per event on stderr; under systemd it speaks sd_notify
+(READY, WATCHDOG, STATUS, STOPPING): see systemd/README.md.
 The wire protocol is in docs/protocol.md; clients: edgeserve.net.AsyncClient / BlockingClient.
 """
 
@@ -41,15 +48,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", type=Path, required=True, help="server TOML file with a [listen] table")
     parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="default: info"
+        "--log-level",
+        default=None,
+        choices=("debug", "info", "warning", "error"),
+        help="overrides [logging] level in the config (default: the config's, else info)",
     )
     parser.set_defaults(func=run)
 
 
-async def serve(config_path: Path) -> None:
-    """Run until SIGTERM/SIGINT, then shut down cleanly."""
+async def serve(config_path: Path, *, log_level: str | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then shut down cleanly; SIGHUP reloads the config file.
+
+    Under systemd (Type=notify) it sends READY=1 once the listeners accept, WATCHDOG=1 from the
+    loop, STATUS= with the load, RELOADING=1/READY=1 around a reload and STOPPING=1 at shutdown.
+    """
+    from edgeserve.net.reloader import ConfigReloader
     from edgeserve.net.service import NetServer
     from edgeserve.runtime.config import ServerConfig
+    from edgeserve.runtime.sd_notify import LoadStatus, Notifier
 
     config = ServerConfig.from_toml(config_path)
     loop = asyncio.get_running_loop()
@@ -57,31 +73,46 @@ async def serve(config_path: Path) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log = logging.getLogger("edgeserve.serve")
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP ignored: still starting"))
     async with NetServer(config) as net:
+        notifier = Notifier.from_env(LoadStatus(net.server.snapshot))
+        reloader = ConfigReloader(config_path, net, notifier, log_level)
+        loop.add_signal_handler(signal.SIGHUP, reloader.request)
         for url in net.urls:
-            log.info("listening on %s", url)
+            log.info("listening", extra={"url": url})
+        if net.metrics_url is not None:
+            log.info("metrics", extra={"url": net.metrics_url})
         print(f"{READY_PREFIX} {' '.join(net.urls)}", flush=True)
-        await stop.wait()
-        log.info(
-            "stopping: answering %d requests in flight", sum(len(c.tasks) for c in net.frontend.connections)
-        )
+        notifier.start()
+        notifier.ready()
+        try:
+            await stop.wait()
+        finally:  # also when the task is cancelled
+            loop.remove_signal_handler(signal.SIGHUP)
+            notifier.stopping()
+        in_flight = sum(len(c.tasks) for c in net.frontend.connections)
+        log.info("stopping: answering the requests in flight", extra={"in_flight": in_flight})
+        await reloader.wait()
+    notifier.stop()
     stats = net.frontend.stats
     log.info(
-        "stopped after %d connections, %d requests (%d answers discarded, %d protocol errors)",
-        stats.connections,
-        stats.requests,
-        stats.discarded,
-        stats.protocol_errors,
+        "stopped",
+        extra={
+            "connections": stats.connections,
+            "requests": stats.requests,
+            "discarded": stats.discarded,
+            "protocol_errors": stats.protocol_errors,
+            "reloads": reloader.reloads,
+        },
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgeserve import logs
+    from edgeserve.runtime.config import ServerConfig
     from edgeserve.runtime.loop import run as run_loop
 
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    run_loop(serve(args.config))
+    logging_config = ServerConfig.from_toml(args.config).logging  # a bad file fails here, clearly
+    logs.configure(args.log_level or logging_config.level, logging_config.format, sys.stderr)
+    run_loop(serve(args.config, log_level=args.log_level))
     return 0

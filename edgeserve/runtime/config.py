@@ -16,6 +16,7 @@ from typing import Any
 
 from edgeserve.errors import EdgeServeError
 from edgeserve.profile import QUANTILES
+from edgeserve.runtime.offload_config import UpstreamConfig, parse_upstreams
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,6 +74,7 @@ class ListenConfig:
     unix_mode: int = 0o660
     unix_group: str | None = None
     tcp: tuple[str, int] | None = None
+    http: tuple[str, int] | None = None  # Open Inference Protocol (KServe v2) HTTP frontend
     token: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
@@ -108,6 +110,26 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint: `listen` is "host:port" (None: no endpoint), scraped at `path`."""
+
+    listen: tuple[str, int] | None = None
+    path: str = "/metrics"
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "logfmt", "json")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Log level and line format; "auto" is logfmt without timestamps under journald, with them elsewhere."""
+
+    level: str = "info"
+    format: str = "auto"
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Everything the server needs at start. Model order is the scheduler's tie-break order."""
 
@@ -117,6 +139,9 @@ class ServerConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     shutdown_timeout_s: float = 5.0
     listen: ListenConfig = field(default_factory=ListenConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    upstreams: tuple[UpstreamConfig, ...] = ()  # docs/offload.md
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ServerConfig:
@@ -192,7 +217,8 @@ def _string(value: Any, key: str) -> str:
 
 def _server(data: Mapping[str, Any]) -> ServerConfig:
     data = _table(data, "(top level)")
-    _no_unknown(data, ("repository", "shutdown_timeout_s", "backend", "scheduler", "models", "listen"), "")
+    top_level = ("repository", "shutdown_timeout_s", "backend", "scheduler", "models", "listen")
+    _no_unknown(data, (*top_level, "metrics", "logging", "upstreams"), "")
     if "models" not in data:
         raise ConfigError("models: missing; add a [models.<name>] table with slo_ms for each served model")
     models_data = _table(data["models"], "models")
@@ -209,6 +235,9 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
         scheduler=_scheduler(data.get("scheduler", {})),
         shutdown_timeout_s=_positive_number(data.get("shutdown_timeout_s", 5.0), "shutdown_timeout_s"),
         listen=_listen(data.get("listen", {})),
+        metrics=_metrics(data.get("metrics", {})),
+        logging=_logging(data.get("logging", {})),
+        upstreams=parse_upstreams(data.get("upstreams", []), models, ConfigError),
     )
 
 
@@ -267,7 +296,7 @@ def _preprocess(data: Any, key: str) -> PreprocessConfig:
 
 def _listen(data: Any) -> ListenConfig:
     data = _table(data, "listen")
-    allowed = ("unix", "unix_mode", "unix_group", "tcp", "token", "max_frame_bytes", "max_in_flight")
+    allowed = ("unix", "unix_mode", "unix_group", "tcp", "http", "token", "max_frame_bytes", "max_in_flight")
     _no_unknown(data, allowed, "listen")
     unix = data.get("unix")
     if unix is not None:
@@ -278,13 +307,17 @@ def _listen(data: Any) -> ListenConfig:
     group = data.get("unix_group")
     tcp = data.get("tcp")
     if tcp is not None:
-        tcp = _host_port(tcp)
+        tcp = _host_port(tcp, "listen.tcp")
+    http = data.get("http")
+    if http is not None:
+        http = _host_port(http, "listen.http")
     token = data.get("token")
     return ListenConfig(
         unix=unix,
         unix_mode=int(mode_text, 8),
         unix_group=None if group is None else _string(group, "listen.unix_group"),
         tcp=tcp,
+        http=http,
         token=None if token is None else _string(token, "listen.token"),
         max_frame_bytes=_positive_int(
             data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
@@ -293,11 +326,11 @@ def _listen(data: Any) -> ListenConfig:
     )
 
 
-def _host_port(value: Any) -> tuple[str, int]:
+def _host_port(value: Any, key: str) -> tuple[str, int]:
     """ "host:port" or ":port" (host 127.0.0.1); port 0 picks a free port."""
     match = re.fullmatch(r"(.*):(\d+)", value) if isinstance(value, str) else None
     if match is None or int(match.group(2)) > 65535:
-        raise ConfigError(f'listen.tcp: must be "host:port" such as "127.0.0.1:7070", got {value!r}')
+        raise ConfigError(f'{key}: must be "host:port" such as "127.0.0.1:7070", got {value!r}')
     host = match.group(1).strip("[]") or "127.0.0.1"
     return host, int(match.group(2))
 
@@ -349,4 +382,23 @@ def _scheduler(data: Any) -> SchedulerConfig:
         urgency=_choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
         urgency_clip=float(clip),
         late_tasks=_choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
+    )
+
+
+def _metrics(data: Any) -> MetricsConfig:
+    data = _table(data, "metrics")
+    _no_unknown(data, ("listen", "path"), "metrics")
+    listen = data.get("listen")
+    path = _string(data.get("path", "/metrics"), "metrics.path")
+    if not path.startswith("/"):
+        raise ConfigError(f'metrics.path: must start with "/", got {path!r}')
+    return MetricsConfig(listen=None if listen is None else _host_port(listen, "metrics.listen"), path=path)
+
+
+def _logging(data: Any) -> LoggingConfig:
+    data = _table(data, "logging")
+    _no_unknown(data, ("level", "format"), "logging")
+    return LoggingConfig(
+        level=_choice(data.get("level", "info"), "logging.level", LOG_LEVELS),
+        format=_choice(data.get("format", "auto"), "logging.format", LOG_FORMATS),
     )

@@ -40,6 +40,11 @@ class Executor:
         self._make_backend = make_backend
         self._backend: Backend | None = None
 
+    @property
+    def backend(self) -> Backend | None:
+        """The open backend (call its methods through `call`, on the executor thread)."""
+        return self._backend
+
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run `fn(*args)` on the executor thread (after any batch in progress)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

@@ -40,6 +40,8 @@ class Result:
 
     queued: arrival at the server; dispatch: the scheduler picked its batch; start/end: the batch
     ran on the executor between these. `deadline` is absolute (queued + budget).
+    An answer from an upstream (`served_by` names it) has no local start: start is nan, `dispatch`
+    is when its batch was sent and `batch_size` the size of that batch.
     """
 
     status: Status
@@ -55,6 +57,7 @@ class Result:
     end: float = math.nan
     deadline: float = math.nan
     error: str | None = None
+    served_by: str = "local"  # or the name of the upstream that computed `output` (docs/offload.md)
 
     @property
     def ok(self) -> bool:

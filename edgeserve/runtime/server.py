@@ -28,6 +28,7 @@ from edgeserve.runtime.backend import Backend
 from edgeserve.runtime.config import BackendConfig, ServerConfig
 from edgeserve.runtime.counters import Counters
 from edgeserve.runtime.executor import BatchRun, Executor
+from edgeserve.runtime.offload import Offloader
 from edgeserve.runtime.results import Result, Status
 from edgeserve.scheduler import (
     DEFAULT_POLICY,
@@ -127,6 +128,8 @@ class Server:
         self._closed = False
         self._idle: asyncio.Event | None = None
         self._close_task: asyncio.Future[None] | None = None
+        self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
+        self._busy_until = 0.0  # predicted end of the running batch (the offload planner reads it)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -163,6 +166,9 @@ class Server:
             raise
         self.counters = Counters()
         self.counters.queue_depth = {name: 0 for name in self._names}
+        if config.upstreams:
+            self._offload = Offloader(self, config.upstreams)
+            await self._offload.start()
         self._accepting = True
         return self
 
@@ -195,14 +201,60 @@ class Server:
             self._finish(task, self._result(task, Status.SHUTDOWN, now, error="server shut down"))
         if self._executor is not None:
             await self._executor.close()  # waits for a running batch on the executor thread
+        if self._offload is not None:  # its in-flight tasks were answered `shutdown` just above
+            await self._offload.close()
         if self._batch_task is not None:
             await asyncio.gather(self._batch_task, return_exceptions=True)
+
+    async def reload(self, config: ServerConfig | Mapping[str, Any] | str | Path) -> list[str]:
+        """Apply a new config without dropping a request; returns the changed key paths.
+
+        SLOs, queue limits, preprocessing, the scheduler settings and the profiles (re-read for
+        this backend's fingerprint) change between two decisions: queued requests stay queued
+        (with the deadlines they arrived with) and are served under the new policy. A change
+        only a restart can apply (models, backend, repository, listeners) raises ReloadRefused;
+        any error leaves the old config serving.
+        """
+        from edgeserve.runtime.reload import check_reloadable
+
+        new = load_config(config)
+        if not self._accepting or self._executor is None:
+            raise RuntimeError("reload needs a started server that is not shutting down")
+        changed = check_reloadable(self.config, new)
+        backend = self._executor.backend
+        if backend is None:
+            raise RuntimeError("reload needs an open backend")
+        fingerprint = await self._executor.call(backend.fingerprint)
+        repository = ModelRepository(Path(self.config.repository))
+        manifests = self._manifests
+        tables = await asyncio.to_thread(lambda: [repository.load_profile(m, fingerprint) for m in manifests])
+        sched = new.scheduler
+        latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
+        options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
+        policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
+        if not self._accepting:  # shutdown began while the profiles were read: keep what runs
+            raise RuntimeError("server began shutting down during the reload")
+        # One synchronous block on the loop: no decision can see half of the old and half the new.
+        self.config = new
+        self._max_queue = [new.models[n].max_queue for n in self._names]
+        self._budget_s = [new.models[n].slo_ms / 1000.0 for n in self._names]
+        self._expire_late = sched.late_tasks == "expire"
+        self._policy, self._latency = policy, latency
+        self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+        if not self._busy:
+            self._kick()  # a pending Wait was computed by the old policy: decide again now
+        return changed
 
     # -- public API --------------------------------------------------------------------------------
 
     @property
     def models(self) -> tuple[str, ...]:
         return self._names
+
+    @property
+    def accepting(self) -> bool:
+        """Started and not shutting down: new requests are queued (health checks report this)."""
+        return self._accepting
 
     def manifest(self, model: str) -> Manifest:
         return self._manifests[self._index[model]]
@@ -215,7 +267,9 @@ class Server:
 
     def snapshot(self) -> dict[str, Any]:
         """The counters as plain dicts (call on the loop thread)."""
-        return self.counters.snapshot()
+        snapshot = self.counters.snapshot()
+        snapshot["upstreams"] = {} if self._offload is None else self._offload.snapshot(time.monotonic())
+        return snapshot
 
     async def infer(self, model: str, x: np.ndarray, *, deadline_ms: float | None = None) -> Result:
         """Queue one sample (the model's per-sample shape and dtype) and await its Result.
@@ -248,6 +302,8 @@ class Server:
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
         if self._busy:
+            if self._offload is not None:
+                self._offload.poke()  # work beyond local capacity may go upstream now
             if self._expire_late:
                 self._arm_timer(math.inf)  # answer it `expired` as soon as it is hopeless
         else:
@@ -322,6 +378,9 @@ class Server:
             self.counters.violations[model] += 1
         if result.status is Status.OK and result.exit_name is not None:
             self.counters.exit_mix[(model, result.exit_name)] += 1
+        if result.status is Status.OK:
+            self.counters.observe_ok(model, result.queued, result.start, result.end)
+            self.counters.served[(model, result.served_by)] += 1
         if not task.future.done():
             task.future.set_result(result)
 
@@ -394,6 +453,8 @@ class Server:
         now = time.monotonic()
         if self._expire_late:
             self._expire_hopeless(now)
+        if self._offload is not None:
+            self._offload.plan(now)  # first, so the policy plans only what stays local
         decision = None
         if not self._busy and any(self._queues):
             t0 = time.perf_counter()
@@ -414,6 +475,7 @@ class Server:
                 for task in tasks:
                     task.dispatch = now
                 self._busy = True
+                self._busy_until = now + decision.predicted_s
                 self._batch_task = self._loop.create_task(
                     self._run_batch(decision.model, decision.exit, tasks)
                 )
@@ -431,7 +493,8 @@ class Server:
             self.counters.queue_depth[self._names[m]] = 0
 
     def _update_idle(self) -> None:
-        if self._idle is not None and not self._busy and not any(self._queues):
+        in_flight = 0 if self._offload is None else self._offload.in_flight
+        if self._idle is not None and not self._busy and not any(self._queues) and not in_flight:
             self._idle.set()
 
     async def _run_batch(self, m: int, exit: int, tasks: list[_Task]) -> None:
@@ -443,6 +506,7 @@ class Server:
         self._busy = False
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
+            self.counters.observe_batch(self._names[m], run.start, run.end, len(tasks))
         self.counters.batches[self._names[m]] += 1
         logits = run.logits
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"

@@ -59,6 +59,32 @@ class TaskQueue:
         self._tail = i + 1
         self._budget_counts[budget] = self._budget_counts.get(budget, 0) + 1
 
+    def insert(self, task_id: int, arrival: float, budget: float) -> None:
+        """Put a task back in its place by arrival (after any task that arrived at the same time).
+
+        For tasks that left the queue and return (an offloaded batch whose upstream failed): they
+        keep their arrival and deadline, so the FIFO-by-age order the policies rely on holds. O(len).
+        """
+        if budget <= 0:
+            raise ValueError(f"task {task_id}: deadline budget must be positive, got {budget}")
+        if not self or arrival >= self._arrival[self._tail - 1]:
+            self.push(task_id, arrival, budget)
+            return
+        if self._tail == self._ids.size:
+            self._make_room()
+        h, t = self._head, self._tail
+        i = h + int(np.searchsorted(self._arrival[h:t], arrival, side="right"))
+        for arr, value in (
+            (self._ids, task_id),
+            (self._arrival, arrival),
+            (self._budget, budget),
+            (self._deadline, arrival + budget),
+        ):
+            arr[i + 1 : t + 1] = arr[i:t].copy()
+            arr[i] = value
+        self._tail = t + 1
+        self._budget_counts[budget] = self._budget_counts.get(budget, 0) + 1
+
     def pop(self, n: int) -> np.ndarray:
         """Remove the `n` oldest tasks and return their ids (a copy)."""
         if not 0 <= n <= len(self):

@@ -1,0 +1,98 @@
+"""The Prometheus scrape endpoint: an aiohttp app on `[metrics] listen` serving GET `path`.
+
+It runs on the Server's event loop, because the counters are loop-only: each scrape renders one
+consistent snapshot without locks. Any other path answers 404.
+
+    async with MetricsEndpoint(server, MetricsConfig(("127.0.0.1", 8002))) as endpoint:
+        print(endpoint.url)   # http://127.0.0.1:8002/metrics
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from edgeserve.metrics import process
+from edgeserve.metrics.catalog import FrontendCounters, render_metrics
+from edgeserve.metrics.exposition import CONTENT_TYPE
+from edgeserve.runtime.config import MetricsConfig
+
+if TYPE_CHECKING:
+    from edgeserve.runtime.server import Server
+
+_log = logging.getLogger(__name__)
+
+
+class MetricsEndpoint:
+    """Serve `server`'s counters (and the frontends', labelled by name) for Prometheus to scrape.
+
+    `frontend_stats`: one frontend's counters (labelled "socket") or {name: counters}; the objects
+    are read at every scrape, so pass the live ones.
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        config: MetricsConfig,
+        frontend_stats: FrontendCounters | Mapping[str, FrontendCounters] | None = None,
+    ) -> None:
+        if config.listen is None:
+            raise ValueError("MetricsEndpoint needs metrics.listen (host, port); port 0 picks a free one")
+        self.server = server
+        self.config = config
+        if frontend_stats is None:
+            self.frontends: dict[str, FrontendCounters] = {}
+        elif isinstance(frontend_stats, Mapping):
+            self.frontends = dict(frontend_stats)
+        else:
+            self.frontends = {"socket": frontend_stats}
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+
+    def render(self) -> str:
+        """The exposition text now (call on the server's loop)."""
+        return render_metrics(
+            self.server.snapshot(),
+            models=self.server.models,
+            frontends=self.frontends,
+            process=process.sample(),
+        )
+
+    async def _scrape(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.render().encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
+
+    async def start(self) -> MetricsEndpoint:
+        """Listen; `url` then names the real port (useful with port 0)."""
+        assert self.config.listen is not None
+        app = web.Application()
+        app.router.add_get(self.config.path, self._scrape)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        host, port = self.config.listen
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(
+                exc.errno, f"metrics.listen {host}:{port}: cannot listen ({exc.strerror})"
+            ) from None
+        self._runner = runner
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        self.url = f"http://{shown}:{bound_port}{self.config.path}"
+        _log.info("metrics on %s", self.url)
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> MetricsEndpoint:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

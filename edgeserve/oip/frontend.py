@@ -1,0 +1,406 @@
+"""The Open Inference Protocol (KServe v2) HTTP frontend: an aiohttp app over a running Server.
+
+It lets independent clients (tritonclient, perf_analyzer, KServe tooling, curl) reach the
+scheduler: health, server and model metadata, Triton's model configuration extension, and infer
+with JSON tensors or the binary tensor extension. An infer request of N samples becomes N
+`Server.infer` calls, each its own request under the same deadline, so the scheduler batches them
+with everything else in flight. Deadlines travel as request parameters, the exit taken (and how
+late) as response parameters; statuses and parameters are in docs/oip.md.
+
+It runs on the Server's event loop (the Server is loop-only) and answers every request exactly
+once: a client that disconnects cancels its handler (aiohttp handler_cancellation), which cancels
+its still-queued samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from edgeserve import __version__
+from edgeserve.net.frontend import FrontendStats
+from edgeserve.oip.codec import (
+    HEADER_LENGTH,
+    InferRequest,
+    InferResponse,
+    ProtocolError,
+    Tensor,
+    binary_outputs,
+    decode_request,
+    encode_response,
+)
+from edgeserve.runtime.config import ListenConfig
+from edgeserve.runtime.results import Result, Status
+from edgeserve.runtime.server import Server
+
+_log = logging.getLogger(__name__)
+
+VERSION = "1"  # every model has one version; /versions/1 and the unversioned paths are the same
+OUTPUT = "logits"
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
+SHUTDOWN_TIMEOUT_S = 2.0  # at close, handlers still running after this long are cancelled
+ACCEPTED_ENCODINGS = ("", "identity", "gzip", "deflate")
+
+# HTTP status per Result status. A full queue is 429 (back off and retry), shutdown 503 (go elsewhere).
+HTTP_STATUS = {
+    Status.INVALID: 400,
+    Status.ERROR: 500,
+    Status.SHUTDOWN: 503,
+    Status.REJECTED: 429,
+    Status.EXPIRED: 504,
+}
+# When samples of one request end differently, the answer reports the first of these that occurred.
+PRECEDENCE = (Status.INVALID, Status.ERROR, Status.SHUTDOWN, Status.REJECTED, Status.EXPIRED)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class OipRequestError(Exception):
+    """A request the frontend refuses before queueing: `status` and the {"error": ...} text."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error answer carries {"error": ...}, as the protocol says, even aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except OipRequestError as exc:
+        return error_response(exc.status, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.text or exc.reason)
+
+
+def _deadline_ms(parameters: dict[str, Any]) -> float | None:
+    """The per-request budget: `deadline_ms` (edgeserve), else Triton's `timeout` in microseconds."""
+    for key, scale in (("deadline_ms", 1.0), ("timeout", 1e-3)):
+        value = parameters.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise OipRequestError(400, f"parameters.{key}: must be a positive number, got {value!r}")
+        return float(value) * scale
+    return None
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """Inflate a gzip or deflate (zlib, or raw as some clients send) body, refusing more than `limit`."""
+    wbits = (16 + zlib.MAX_WBITS,) if encoding == "gzip" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    for bits in wbits:
+        inflater = zlib.decompressobj(bits)
+        try:
+            data = inflater.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(data) > limit:
+            raise OipRequestError(
+                413, f"decompressed request body exceeds listen.max_frame_bytes ({limit} bytes)"
+            )
+        if not inflater.eof:
+            raise OipRequestError(400, f"{encoding} request body is truncated")
+        return data
+    raise OipRequestError(400, f"request body is not valid {encoding} data")
+
+
+def _joined(values: Sequence[Any]) -> Any:
+    """One value if every sample agrees, else the per-sample values comma-joined."""
+    return values[0] if len(set(values)) == 1 else ",".join(str(v) for v in values)
+
+
+class OipFrontend:
+    """Serve `server` over HTTP at `listen.http`: `url = await frontend.start()`, `await frontend.close()`.
+
+    Bodies above `listen.max_frame_bytes` are refused with 413; an infer request carries at most
+    the model's `max_queue` samples (more could never be queued at once).
+    """
+
+    def __init__(self, server: Server, listen: ListenConfig) -> None:
+        if listen.http is None:
+            raise ValueError("OipFrontend needs listen.http (host, port); port 0 picks a free one")
+        self.server = server
+        self.listen = listen
+        self.stats = FrontendStats()  # requests, protocol errors, by sample status, discarded answers
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.listen.max_frame_bytes, middlewares=[_json_errors])
+        get, post = app.router.add_get, app.router.add_post
+        get("/v2/health/live", self._live)
+        get("/v2/health/ready", self._ready)
+        get("/v2", self._server_metadata)
+        post("/v2/repository/index", self._repository_index)
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            get(prefix, self._model_metadata)
+            get(prefix + "/ready", self._model_ready)
+            get(prefix + "/config", self._model_config)
+            post(prefix + "/infer", self._infer)
+        return app
+
+    async def start(self) -> str:
+        """Listen on listen.http; returns http://host:port (the real port when 0 was asked)."""
+        assert self.listen.http is not None
+        runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            auto_decompress=False,  # _read_body inflates, bounded, and answers 415 for other encodings
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        )
+        await runner.setup()
+        host, port = self.listen.http
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(exc.errno, f"listen.http {host}:{port}: cannot listen ({exc.strerror})") from None
+        self._runner, self._site = runner, site
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        self.url = f"http://{shown}:{bound_port}"
+        _log.info("Open Inference Protocol on %s", self.url)
+        return self.url
+
+    async def stop_accepting(self) -> None:
+        """Accept no new connections; requests on open ones are still answered (503 once shut down)."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    async def close(self) -> None:
+        """Close the connections (call after Server.close has answered everything in flight)."""
+        await self.stop_accepting()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- health and metadata -----------------------------------------------------------------------
+
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.server.accepting else 503)
+
+    async def _server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"name": "edgeserve", "version": __version__, "extensions": list(EXTENSIONS)}
+        )
+
+    async def _repository_index(self, request: web.Request) -> web.Response:
+        """Triton's repository index (what tools call to list models); load/unload are not offered."""
+        state = "READY" if self.server.accepting else "UNAVAILABLE"
+        return web.json_response(
+            [{"name": m, "version": VERSION, "state": state} for m in self.server.models]
+        )
+
+    def _model(self, request: web.Request) -> str:
+        """The served model the path names (404 naming the served ones, or the versions, if not)."""
+        model = request.match_info["model"]
+        if model not in self.server.models:
+            raise OipRequestError(404, f"unknown model {model!r}; served: {', '.join(self.server.models)}")
+        version = request.match_info.get("version")
+        if version is not None and version != VERSION:
+            raise OipRequestError(404, f"model {model!r} has no version {version!r}; versions: [{VERSION!r}]")
+        return model
+
+    async def _model_ready(self, request: web.Request) -> web.Response:
+        self._model(request)
+        return web.Response(status=200 if self.server.accepting else 503)
+
+    def _tensors(self, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(input, output) as name, datatype and per-sample dims."""
+        manifest = self.server.manifest(model)
+        name = manifest.input.name or "x"
+        return (
+            {"name": name, "datatype": "FP32", "dims": list(manifest.input.shape)},
+            {"name": OUTPUT, "datatype": "FP32", "dims": [manifest.num_classes]},
+        )
+
+    def _platform(self) -> str:
+        return f"edgeserve_{self.server.config.backend.name}"
+
+    async def _model_metadata(self, request: web.Request) -> web.Response:
+        model = self._model(request)
+        tensors = self._tensors(model)
+        return web.json_response(
+            {
+                "name": model,
+                "versions": [VERSION],
+                "platform": self._platform(),
+                "inputs": [
+                    {"name": tensors[0]["name"], "datatype": "FP32", "shape": [-1, *tensors[0]["dims"]]}
+                ],
+                "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, *tensors[1]["dims"]]}],
+            }
+        )
+
+    async def _model_config(self, request: web.Request) -> web.Response:
+        """Triton's model configuration (ModelConfig protobuf as JSON), what perf_analyzer reads."""
+        model = self._model(request)
+        manifest = self.server.manifest(model)
+        index = self.server.models.index(model)
+        max_batch = self.server.latency_model.models[index].max_batch
+        config = self.server.config.models[model]
+        inp, out = self._tensors(model)
+        exits = ",".join(e.name for e in manifest.exits)
+        parameters = {"exits": exits, "slo_ms": f"{config.slo_ms:g}"}
+        if any(e.accuracy is not None for e in manifest.exits):
+            parameters["exit_accuracies"] = ",".join(
+                "" if e.accuracy is None else f"{e.accuracy:.4f}" for e in manifest.exits
+            )
+        return web.json_response(
+            {
+                "name": model,
+                "platform": self._platform(),
+                "backend": self.server.config.backend.name,
+                "version_policy": {"latest": {"num_versions": 1}},
+                "max_batch_size": max_batch,
+                "input": [
+                    {
+                        "name": inp["name"],
+                        "data_type": "TYPE_FP32",
+                        "format": "FORMAT_NONE",
+                        "dims": inp["dims"],
+                    }
+                ],
+                "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": out["dims"]}],
+                "parameters": {key: {"string_value": value} for key, value in parameters.items()},
+            }
+        )
+
+    # -- infer -------------------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The body, decompressed (gzip, deflate) and at most listen.max_frame_bytes either way."""
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ACCEPTED_ENCODINGS:
+            raise OipRequestError(
+                415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none"
+            )
+        limit = self.listen.max_frame_bytes
+        too_large = f"request body exceeds listen.max_frame_bytes ({limit} bytes)"
+        if request.content_length is not None and request.content_length > limit:
+            raise OipRequestError(413, f"{too_large}: Content-Length is {request.content_length}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise OipRequestError(413, too_large) from None
+        if encoding in ("gzip", "deflate"):
+            body = _decompress(body, encoding, limit)
+        return body
+
+    def _samples(self, model: str, request: InferRequest) -> np.ndarray:
+        """The one input as an (N, *sample_shape) float32 array; 400 naming what was expected."""
+        inp, _ = self._tensors(model)
+        expected = (
+            f"[N, {', '.join(str(d) for d in inp['dims'])}] FP32 with 1 <= N <= {self._max_samples(model)}"
+        )
+        if len(request.inputs) != 1:
+            names = [t.name for t in request.inputs]
+            raise OipRequestError(
+                400, f"model {model!r} takes one input {inp['name']!r} ({expected}), got {names}"
+            )
+        tensor = request.inputs[0]
+        if tensor.name != inp["name"]:
+            raise OipRequestError(
+                400, f"model {model!r} has one input named {inp['name']!r}, got {tensor.name!r}"
+            )
+        if tensor.datatype != "FP32":
+            raise OipRequestError(400, f"input {tensor.name!r}: datatype must be FP32, got {tensor.datatype}")
+        shape = tensor.shape
+        if len(shape) != 1 + len(inp["dims"]) or shape[1:] != inp["dims"]:
+            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {shape}")
+        if not 1 <= shape[0] <= self._max_samples(model):
+            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {shape}")
+        for output in request.outputs:
+            if output.name != OUTPUT:
+                raise OipRequestError(400, f"model {model!r} has one output {OUTPUT!r}, not {output.name!r}")
+        return tensor.data
+
+    def _max_samples(self, model: str) -> int:
+        return self.server.config.models[model].max_queue
+
+    async def _infer(self, request: web.Request) -> web.Response:
+        received = time.monotonic()
+        model = self._model(request)
+        self.stats.requests += 1
+        try:
+            body = await self._read_body(request)
+            try:
+                infer = decode_request(body, request.headers.get(HEADER_LENGTH))
+            except ProtocolError as exc:
+                raise OipRequestError(exc.status, str(exc)) from None
+            samples = self._samples(model, infer)
+            deadline_ms = _deadline_ms(infer.parameters)
+        except OipRequestError:
+            self.stats.protocol_errors += 1
+            raise
+        try:
+            results = await asyncio.gather(
+                *(self.server.infer(model, x, deadline_ms=deadline_ms) for x in samples)
+            )
+        except asyncio.CancelledError:
+            self.stats.discarded += 1  # the client went away: Server.infer dropped what was still queued
+            raise
+        for result in results:
+            self.stats.by_status[result.status.value] = self.stats.by_status.get(result.status.value, 0) + 1
+        return self._answer(model, infer, results, received, deadline_ms)
+
+    def _answer(
+        self,
+        model: str,
+        infer: InferRequest,
+        results: list[Result],
+        received: float,
+        deadline_ms: float | None,
+    ) -> web.Response:
+        failed = [r for r in results if r.status is not Status.OK]
+        if failed:
+            status = next(s for s in PRECEDENCE if any(r.status is s for r in failed))
+            index = next(i for i, r in enumerate(results) if r.status is status)
+            detail = results[index].error or status.value
+            where = f"sample {index} of {len(results)}: " if len(results) > 1 else ""
+            return error_response(HTTP_STATUS[status], f"{status.value}: {where}{detail}")
+        logits = np.stack([np.asarray(r.output, dtype=np.float32) for r in results])
+        parameters: dict[str, Any] = {
+            "edgeserve_exit": _joined([r.exit_name for r in results]),
+            "edgeserve_exit_index": _joined([r.exit_index for r in results]),
+            "edgeserve_served_by": _joined([getattr(r, "served_by", "local") for r in results]),
+            "edgeserve_late": any(r.late for r in results),
+            "edgeserve_deadline_ms": round(
+                deadline_ms if deadline_ms is not None else self.server.config.models[model].slo_ms, 3
+            ),
+        }
+        accuracies = [r.expected_accuracy for r in results]
+        if all(a is not None for a in accuracies):
+            parameters["edgeserve_expected_accuracy"] = round(float(np.mean(accuracies)), 6)
+        response = InferResponse(model, [Tensor(OUTPUT, logits)], VERSION, infer.id, parameters)
+        parameters["edgeserve_server_ms"] = round((time.monotonic() - received) * 1000.0, 3)
+        body, headers = encode_response(response, binary_outputs(infer, [OUTPUT]))
+        answer = web.Response(body=body, headers=headers)
+        answer.enable_compression()  # only when the client sent Accept-Encoding
+        return answer
