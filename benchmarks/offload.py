@@ -38,12 +38,12 @@ from onnx import TensorProto, helper, numpy_helper
 from edgeserve.files import sha256_file
 from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
 from edgeserve.net.client import AsyncClient
+from edgeserve.net.serve_cli import READY_PREFIX
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
 from edgeserve.scheduler import LatencyModel
 
-READY_PREFIX = "edgeserve: ready, listening on"
 MODEL = "cnn"
 INPUT = (3, 48, 48)
 CLASSES = 10

@@ -1,6 +1,7 @@
-"""What the socket front adds: the UNIX and TCP paths against calling the embedding API directly.
+"""What each front adds: the UNIX and TCP socket paths and the Open Inference Protocol over HTTP
+(binary and JSON tensors) against calling the embedding API directly.
 
-One process, one event loop: the Server, its listeners and the AsyncClients share the loop, so the
+One process, one event loop: the Server, its listeners and the clients share the loop, so the
 added cost below includes the client's encode/decode as well as the server's frame handling. Rounds
 interleave the three paths so machine noise hits them alike. Two measurements per path:
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from edgeserve.net.client import AsyncClient
 from edgeserve.net.service import NetServer
+from edgeserve.oip.client import OipClient
 from edgeserve.runtime.loop import run
 
 Call = Callable[[np.ndarray], Awaitable[str]]
@@ -66,7 +68,12 @@ async def main(args: argparse.Namespace) -> None:
         "repository": str(args.repository),
         "backend": {"name": "onnxruntime", "threads": args.threads, "warmup": 3},
         "models": {args.model: {"slo_ms": 1000, "max_queue": 4096}},
-        "listen": {"unix": str(sock_dir / "s.sock"), "tcp": "127.0.0.1:0", "max_in_flight": 4096},
+        "listen": {
+            "unix": str(sock_dir / "s.sock"),
+            "tcp": "127.0.0.1:0",
+            "http": "127.0.0.1:0",
+            "max_in_flight": 4096,
+        },
     }
     async with NetServer(config) as net:
         server = net.server
@@ -74,6 +81,7 @@ async def main(args: argparse.Namespace) -> None:
         xs = np.random.default_rng(0).standard_normal((64, *spec.shape)).astype(spec.dtype)
         unix = await AsyncClient.connect(net.urls[0])
         tcp = await AsyncClient.connect(net.urls[1])
+        oip = OipClient(net.urls[2], max_connections=args.concurrency)
 
         async def direct(x: np.ndarray) -> str:
             return (await server.infer(args.model, x)).status.value
@@ -84,7 +92,20 @@ async def main(args: argparse.Namespace) -> None:
 
             return call
 
-        paths: dict[str, Call] = {"direct": direct, "unix": over(unix), "tcp": over(tcp)}
+        def over_http(binary: bool) -> Call:
+            async def call(x: np.ndarray) -> str:
+                reply = await oip.infer(args.model, {"x": x[None]}, binary=binary)
+                return "ok" if reply.status == 200 else str(reply.status)
+
+            return call
+
+        paths: dict[str, Call] = {
+            "direct": direct,
+            "unix": over(unix),
+            "tcp": over(tcp),
+            "http-bin": over_http(True),
+            "http-json": over_http(False),
+        }
         for call in paths.values():  # warm-up
             await latencies(call, xs, 50)
         lat: dict[str, list[float]] = {name: [] for name in paths}
@@ -96,6 +117,7 @@ async def main(args: argparse.Namespace) -> None:
                 rps[name].append(await throughput(call, xs, args.concurrency, args.seconds / args.rounds))
         await unix.close()
         await tcp.close()
+        await oip.close()
     sock_dir.rmdir()
 
     base50, base99 = (float(np.percentile(lat["direct"], q)) for q in (50, 99))
@@ -103,13 +125,13 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.model}: {len(lat['direct'])} sequential requests per path, throughput at concurrency "
         f"{args.concurrency}; ONNX Runtime {args.threads} thread(s)"
     )
-    header = f"{'path':<8} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
+    header = f"{'path':<9} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
     print(header)
     print("-" * len(header))
     for name in paths:
         p50, p99 = (float(np.percentile(lat[name], q)) for q in (50, 99))
         print(
-            f"{name:<8} {float(np.mean(rps[name])):>9.0f} {p50:>9.0f} {p99:>9.0f} "
+            f"{name:<9} {float(np.mean(rps[name])):>9.0f} {p50:>9.0f} {p99:>9.0f} "
             f"{p50 - base50:>13.0f} {p99 - base99:>13.0f}"
         )
 

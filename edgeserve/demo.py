@@ -24,10 +24,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeserve.net.serve_cli import READY_PREFIX  # the line `edgeserve serve` prints once it accepts
+
 DEMO_MODELS = ("digits-s", "digits-m", "digits-l")
 DEMO_SLO_MS = {"digits-s": 5.0, "digits-m": 8.0, "digits-l": 10.0}  # final exits take 0.1-0.4 ms at batch 1
 READY_TIMEOUT_S = 120.0
-READY_PREFIX = "edgeserve: ready, listening on"  # printed by `edgeserve serve` (edgeserve.net.serve_cli)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from runtime_support import HookedBackend
 
 from edgeserve.files import sha256_file
 from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
+from edgeserve.net.serve_cli import READY_PREFIX
 from edgeserve.profile import ProfileTable
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
@@ -267,9 +268,6 @@ def write_conv_model(root: Path, name: str = "conv", *, light: bool = False) -> 
     repository.save_profile(table)
     backend.close()
     return table
-
-
-READY_PREFIX = "edgeserve: ready, listening on"
 
 
 @dataclass

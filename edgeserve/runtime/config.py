@@ -215,10 +215,22 @@ def _string(value: Any, key: str) -> str:
     return value
 
 
+TOP_LEVEL_KEYS = (
+    "repository",
+    "shutdown_timeout_s",
+    "backend",
+    "scheduler",
+    "models",
+    "listen",
+    "metrics",
+    "logging",
+    "upstreams",
+)
+
+
 def _server(data: Mapping[str, Any]) -> ServerConfig:
     data = _table(data, "(top level)")
-    top_level = ("repository", "shutdown_timeout_s", "backend", "scheduler", "models", "listen")
-    _no_unknown(data, (*top_level, "metrics", "logging", "upstreams"), "")
+    _no_unknown(data, TOP_LEVEL_KEYS, "")
     if "models" not in data:
         raise ConfigError("models: missing; add a [models.<name>] table with slo_ms for each served model")
     models_data = _table(data["models"], "models")
