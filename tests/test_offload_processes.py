@@ -35,7 +35,8 @@ from edgeserve.scheduler import LatencyModel
 
 SLO_MS = 150
 RUN_S = 3.0
-OVERLOAD = 1.4  # x the local capacity at the shallowest exit with full batches
+OVERLOAD = 2.0  # x the local capacity at the shallowest exit with full batches: an overload even
+# when the profile was measured at a quieter moment than the run (shared CI machines)
 
 
 @dataclass

@@ -482,3 +482,28 @@ def test_a_server_starts_once(served) -> None:
             await server.start()
 
     run(main())
+
+
+@pytest.mark.parametrize("late_tasks", ["serve", "expire"])
+def test_a_vanishing_deadline_affects_only_its_own_request(served, late_tasks: str) -> None:
+    """Found by the socket fuzzer: deadline_ms=1e-283, alone in its model's queue, made the scorer
+    overflow, and the policy's failure answered every queued request `error`. Now only that
+    request misses its deadline."""
+    root, models = served
+    xs = models["tiny_a"].random_input(12, seed=8)
+    x_b = models["tiny_b"].random_input(1, seed=9)[0]
+    slow = HookedFactory(delay_s=0.01)  # keep tiny_a's queue standing while the tiny_b task waits
+
+    async def main() -> tuple[list[Result], Result]:
+        async with Server(config_dict(root, late_tasks=late_tasks), backend_factory=slow) as server:
+            first = asyncio.ensure_future(server.infer_batch("tiny_a", xs[:6]))
+            await asyncio.sleep(0)
+            tiny = asyncio.ensure_future(server.infer("tiny_b", x_b, deadline_ms=1e-283))
+            rest = await server.infer_batch("tiny_a", xs[6:])
+            return [*(await first), *rest], await tiny
+
+    others, tiny = run(main())
+    assert [r.status for r in others] == [Status.OK] * 12
+    assert not any(r.late for r in others)
+    assert tiny.status is (Status.OK if late_tasks == "serve" else Status.EXPIRED)
+    assert tiny.status is Status.EXPIRED or tiny.late

@@ -148,3 +148,25 @@ def test_near_ties_go_to_the_lower_model_index() -> None:
     assert pick_min([1.0, 1.0 - 1e-13, 2.0]) == 0
     assert pick_min([1.0, 0.5, 0.5]) == 1
     assert pick_min([math.inf, math.inf]) == 0
+
+
+@pytest.mark.parametrize("form", ["code", "paper"])
+@pytest.mark.parametrize("budget", [1e-280, 1e-300, 5e-324])
+def test_a_vanishing_budget_is_scored_clipped_by_every_method_without_overflow(
+    form: str, budget: float
+) -> None:
+    """A request may carry any positive deadline (a fuzzer sent 1e-283 ms): delta / budget is then
+    astronomically large, and e^shift must never be evaluated where its term is zero."""
+    rng = np.random.default_rng(4)
+    latency = _random_latency(rng, 3)
+    now = 100.0
+    queues = [TaskQueue(), TaskQueue(), TaskQueue()]
+    queues[0].push(0, now - 1e-3, budget)
+    for i in range(5):
+        queues[1].push(10 + i, now - 0.01 * (5 - i), 0.05)
+    urgency = Urgency(form, 10.0)
+    reference = reference_candidates(queues, now, latency, urgency)
+    for method in ("auto", "python", "numpy-factorised", "numpy-direct"):
+        fast = fast_candidates(queues, now, latency, urgency, method=method)
+        assert all(math.isfinite(c.score) for c in fast), method
+        _assert_same(reference, fast)

@@ -110,7 +110,8 @@ def _direct(
     urgency: Urgency,
 ) -> np.ndarray:
     """u((w + delta_m) / D) for every (candidate, task), with each candidate's own batch zeroed."""
-    u = urgency.of((waits[None, :] + delta[:, None]) / budgets[None, :])
+    with np.errstate(over="ignore"):  # a vanishing budget gives x = inf, which u() clips
+        u = urgency.of((waits[None, :] + delta[:, None]) / budgets[None, :])
     rows = np.repeat(np.arange(batch.size), batch)
     offsets = np.arange(rows.size) - np.repeat(np.cumsum(batch) - batch, batch)
     u[rows, np.repeat(starts, batch) + offsets] = 0.0
@@ -130,8 +131,9 @@ def _factorised(
     """Requires one budget per queue and a finite clip (see the module docstring)."""
     n_queues = lens.size
     theta = urgency.threshold
-    y = waits / budgets  # normalised queuing time now; non-increasing within each queue
-    shift = delta[:, None] / budgets[starts][None, :]  # [candidate, queue]: delta_m / D_q
+    with np.errstate(over="ignore"):  # a vanishing budget gives inf: clipped below
+        y = waits / budgets  # normalised queuing time now; non-increasing within each queue
+        shift = delta[:, None] / budgets[starts][None, :]  # [candidate, queue]: delta_m / D_q
 
     # Clipped tasks of queue q under candidate m: y >= theta - shift, a prefix of q. One global
     # searchsorted over keys that are ascending within a queue and separated between queues.
@@ -153,6 +155,9 @@ def _factorised(
     first = np.maximum(clipped_prefix, served)
     tail_sum = suffix[starts[None, :] + first] - suffix[ends][None, :]
     clipped = clipped_prefix - np.minimum(clipped_prefix, served)
+    # Where a queue keeps unclipped tasks, shift < theta - y of its first one, so e^shift is finite;
+    # elsewhere the terms are zero but shift can be huge (a tiny budget): keep inf * 0 out of them.
+    shift = np.where(first < lens[None, :], shift, 0.0)
     if urgency.form == "code":
         unclipped = np.exp(shift) * tail_sum
     else:  # sum (e^(y+s) - 1) = e^s * sum(e^y - 1) + n * (e^s - 1), all terms non-negative

@@ -75,6 +75,8 @@ def python_candidates(
             served = batch if q == m else 0
             first = max(clipped_prefix, served)
             score += clip * (clipped_prefix - min(clipped_prefix, served))
+            if first >= n:
+                continue  # every task clipped or served; shift may be huge (a tiny budget): no exp
             if code:
                 score += exp(shift) * suffix[first]
             else:
