@@ -377,26 +377,42 @@ def test_numpy_scalar_deadlines_are_accepted(served) -> None:
     assert result.ok and result.deadline - result.queued == pytest.approx(0.25)
 
 
-class _FailingOnce:
-    """The real policy, except that its first decision raises (a scheduler bug)."""
+class _Failing:
+    """The real policy, except that its first `fail` decisions raise (a scheduler bug)."""
 
-    def __init__(self, policy: Any) -> None:
-        self.inner, self.name, self.calls = policy, policy.name, 0
+    def __init__(self, policy: Any, fail: float = 1) -> None:
+        self.inner, self.name, self.calls, self.fail = policy, policy.name, 0, fail
 
     def decide(self, queues: Any, now: float) -> Any:
         self.calls += 1
-        if self.calls == 1:
+        if self.calls <= self.fail:
             raise ZeroDivisionError("bug in the policy")
         return self.inner.decide(queues, now)
 
 
-def test_a_policy_exception_answers_the_queued_requests_error_and_serving_goes_on(served) -> None:
+def test_a_policy_exception_is_decided_by_the_fallback_and_counted(served) -> None:
+    _, models = served
+    xs = models["tiny_a"].random_input(4)
+
+    async def main() -> tuple[list[Result], list[Result], dict[str, Any]]:
+        async with Server(_config(served)) as server:
+            server._policy = _Failing(server._policy)  # white-box: inject a scheduler bug
+            first = await server.infer_batch("tiny_a", xs)
+            return first, await server.infer_batch("tiny_a", xs), server.snapshot()
+
+    first, later, snapshot = run(main())
+    assert all(r.ok for r in first + later)
+    assert snapshot["policy_failures"] == 1
+
+
+def test_when_the_fallback_fails_too_the_queued_requests_are_answered_error(served) -> None:
     _, models = served
     xs = models["tiny_a"].random_input(4)
 
     async def main() -> tuple[list[Result], list[Result]]:
         async with Server(_config(served)) as server:
-            server._policy = _FailingOnce(server._policy)  # white-box: inject a scheduler bug
+            server._policy = _Failing(server._policy)
+            server._fallback = _Failing(server._fallback)
             failed = await server.infer_batch("tiny_a", xs)
             return failed, await server.infer_batch("tiny_a", xs)
 
@@ -494,15 +510,16 @@ def test_a_vanishing_deadline_affects_only_its_own_request(served, late_tasks: s
     x_b = models["tiny_b"].random_input(1, seed=9)[0]
     slow = HookedFactory(delay_s=0.01)  # keep tiny_a's queue standing while the tiny_b task waits
 
-    async def main() -> tuple[list[Result], Result]:
+    async def main() -> tuple[list[Result], Result, int]:
         async with Server(config_dict(root, late_tasks=late_tasks), backend_factory=slow) as server:
             first = asyncio.ensure_future(server.infer_batch("tiny_a", xs[:6]))
             await asyncio.sleep(0)
             tiny = asyncio.ensure_future(server.infer("tiny_b", x_b, deadline_ms=1e-283))
             rest = await server.infer_batch("tiny_a", xs[6:])
-            return [*(await first), *rest], await tiny
+            return [*(await first), *rest], await tiny, server.snapshot()["policy_failures"]
 
-    others, tiny = run(main())
+    others, tiny, policy_failures = run(main())
+    assert policy_failures == 0  # the scorer itself copes; the fallback policy was not needed
     assert [r.status for r in others] == [Status.OK] * 12
     assert not any(r.late for r in others)
     assert tiny.status is (Status.OK if late_tasks == "serve" else Status.EXPIRED)

@@ -184,7 +184,13 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         f"Share of the last {window:g} s the executor spent running batches (0-1)",
     )
     utilisation.add(float(snapshot.get("utilisation_recent", 0.0)))
-    return [requests, violations, cancelled, batches, depth, exits, served, busy, utilisation]
+    failures = Family(
+        "edgeserve_scheduler_failures_total",
+        "counter",
+        "Decisions the configured policy raised on (the fallback policy decided instead)",
+    )
+    failures.add(int(snapshot.get("policy_failures", 0)))
+    return [requests, violations, cancelled, batches, depth, exits, served, busy, utilisation, failures]
 
 
 def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:

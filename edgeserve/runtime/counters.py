@@ -156,6 +156,7 @@ class Counters:
     served: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, "local" or upstream name)
     decision: Timing = field(default_factory=lambda: Timing(histogram=Histogram(DECISION_BUCKETS_S)))
     busy_s: float = 0.0
+    policy_failures: int = 0  # decisions the configured policy failed to make (the fallback made them)
     started: float = field(default_factory=time.monotonic)
     # Histograms per served model (keys come from the config's models only, so they stay bounded).
     request_duration: dict[str, Histogram] = field(default_factory=dict)  # `ok` answers: queued -> end
@@ -203,6 +204,7 @@ class Counters:
             "exit_mix": exits,
             "violations": dict(self.violations),
             "batches": dict(self.batches),
+            "policy_failures": self.policy_failures,
             "served": served,
             "decision": self.decision.snapshot(),
             "executor_busy_s": self.busy_s,

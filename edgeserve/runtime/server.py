@@ -32,6 +32,7 @@ from edgeserve.runtime.offload import Offloader
 from edgeserve.runtime.results import Result, Status
 from edgeserve.scheduler import (
     DEFAULT_POLICY,
+    Decision,
     Dispatch,
     LatencyModel,
     Policy,
@@ -48,6 +49,9 @@ BackendFactory = Callable[[ModelRepository, BackendConfig], Backend]
 UNKNOWN_MODEL = "(unknown)"  # counter key for requests naming no served model: keys stay bounded
 MIN_WAKEUP_S = 1e-4  # a Wait that is already due is retried this much later, never in a busy loop
 TIMER_SLACK_S = 1e-3  # event-loop timers are ms-granular: fire a Wait's wake-up this much early
+# When the configured policy raises (a bug, or a state it cannot score), this simple rule decides
+# instead, so one bad decision never fails the requests queued behind it.
+FALLBACK_POLICY = "early-exit-edf"
 
 
 def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
@@ -117,6 +121,7 @@ class Server:
         self._next_id = 0
         self._executor: Executor | None = None
         self._policy: Policy | None = None
+        self._fallback: Policy | None = None
         self._latency: LatencyModel | None = None
         self._shallowest_s: list[float] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -156,6 +161,7 @@ class Server:
             latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
             options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
             self._policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
+            self._fallback = make_policy(FALLBACK_POLICY, latency, options)
             self._latency = latency
             self._shallowest_s = [m.latency(0, 1) for m in latency.models]
             for manifest in self._manifests:
@@ -232,6 +238,7 @@ class Server:
         latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
         options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
         policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
+        fallback = make_policy(FALLBACK_POLICY, latency, options)
         if not self._accepting:  # shutdown began while the profiles were read: keep what runs
             raise RuntimeError("server began shutting down during the reload")
         # One synchronous block on the loop: no decision can see half of the old and half the new.
@@ -239,7 +246,7 @@ class Server:
         self._max_queue = [new.models[n].max_queue for n in self._names]
         self._budget_s = [new.models[n].slo_ms / 1000.0 for n in self._names]
         self._expire_late = sched.late_tasks == "expire"
-        self._policy, self._latency = policy, latency
+        self._policy, self._fallback, self._latency = policy, fallback, latency
         self._shallowest_s = [m.latency(0, 1) for m in latency.models]
         if not self._busy:
             self._kick()  # a pending Wait was computed by the old policy: decide again now
@@ -458,11 +465,7 @@ class Server:
         decision = None
         if not self._busy and any(self._queues):
             t0 = time.perf_counter()
-            try:
-                decision = self._policy.decide(self._queues, max(now, wake_at))
-            except Exception as exc:  # a policy bug must not leave callers waiting forever
-                _log.exception("policy %s failed; answering the queued requests `error`", self._policy.name)
-                self._answer_queued(Status.ERROR, now, f"scheduler failed: {type(exc).__name__}: {exc}")
+            decision = self._ask_policy(max(now, wake_at), now)
             self.counters.decision.add(time.perf_counter() - t0)
         if decision is not None:
             for drop in decision.drops:
@@ -483,6 +486,24 @@ class Server:
         for m, name in enumerate(self._names):
             self.counters.queue_depth[name] = len(self._queues[m])
         self._update_idle()
+
+    def _ask_policy(self, at: float, now: float) -> Decision | None:
+        """The configured policy's decision; if it raises, the fallback's; if that raises too (the
+        queues themselves are broken), the queued requests are answered `error` so none waits forever."""
+        assert self._policy is not None and self._fallback is not None
+        try:
+            return self._policy.decide(self._queues, at)
+        except Exception:
+            self.counters.policy_failures += 1
+            _log.exception("policy %s failed; %s decides this time", self._policy.name, self._fallback.name)
+        try:
+            return self._fallback.decide(self._queues, at)
+        except Exception as exc:
+            _log.exception(
+                "fallback policy %s failed too; answering the queued requests `error`", FALLBACK_POLICY
+            )
+            self._answer_queued(Status.ERROR, now, f"scheduler failed: {type(exc).__name__}: {exc}")
+            return None
 
     def _answer_queued(self, status: Status, now: float, error: str) -> None:
         """Empty every queue, answering each task `status`."""
