@@ -40,9 +40,12 @@ The wire protocol is in docs/protocol.md; clients: edgeserve.net.AsyncClient / B
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve the configured models over UNIX/TCP sockets",
+        help="serve the configured models over UNIX/TCP sockets and HTTP (Open Inference Protocol)",
         description="Load the configured models and serve them over the msgpack socket protocol "
-        "(docs/protocol.md), scheduling every request against its deadline.",
+        "(docs/protocol.md) and, with [listen] http, the Open Inference Protocol (docs/oip.md), "
+        "scheduling every request against its deadline; [metrics] adds a Prometheus endpoint and "
+        "[[upstreams]] offload (docs/offload.md). Under systemd it notifies READY/WATCHDOG/STOPPING "
+        "and reloads on SIGHUP (systemd/README.md).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
