@@ -23,7 +23,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,8 @@ from onnx import TensorProto, helper, numpy_helper
 from edgeserve.files import sha256_file
 from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
 from edgeserve.net.client import AsyncClient
-from edgeserve.net.serve_cli import READY_PREFIX
+from edgeserve.net.listeners import free_port
+from edgeserve.net.serve_cli import ready_urls
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
@@ -131,12 +131,6 @@ def build_model(root: Path, stages: list[tuple[int, str | None]]) -> LatencyMode
     return LatencyModel.from_profiles([table])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Child:
     proc: subprocess.Popen[str]
@@ -167,8 +161,8 @@ def serve(toml: str, work: Path, name: str) -> Child:
     )
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith(READY_PREFIX):
-            return Child(proc, line[len(READY_PREFIX) :].split())
+        if (urls := ready_urls(line)) is not None:
+            return Child(proc, urls)
     raise RuntimeError(f"{name} exited with {proc.wait()} before it was ready")
 
 

@@ -30,7 +30,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,11 +42,13 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from edgeserve.demo import DEMO_MODELS, DEMO_SLO_MS, READY_PREFIX
+from edgeserve.demo import DEMO_MODELS, DEMO_SLO_MS
 from edgeserve.errors import EdgeServeError
 from edgeserve.metrics.process import rss_bytes
 from edgeserve.net.bench import default_ratios, split_rate
 from edgeserve.net.client import AsyncClient, Reply
+from edgeserve.net.listeners import free_port
+from edgeserve.net.serve_cli import ready_urls
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.loop import run
 
@@ -110,12 +111,6 @@ class Scrape:
 # -- the server -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def write_config(
     path: Path, repository: Path, models: dict[str, float], sock: Path, metrics_port: int
 ) -> None:
@@ -145,7 +140,7 @@ def start_server(config: Path, log: Path, timeout_s: float = 120.0) -> subproces
     def wait_ready() -> None:
         assert server.stdout is not None
         for line in server.stdout:
-            if line.startswith(READY_PREFIX):
+            if ready_urls(line) is not None:
                 ready.set()
         # keep reading until EOF so the server never blocks on a full pipe
 
@@ -438,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     slos = {m: DEMO_SLO_MS.get(m, args.slo_ms) for m in models}
     workdir = Path(tempfile.mkdtemp(prefix="edgeserve-soak-"))  # short path: UNIX socket names are limited
     config, sock, log = workdir / "serve.toml", workdir / "edgeserve.sock", workdir / "serve.log"
-    metrics_port = _free_port()
+    metrics_port = free_port()
     write_config(config, args.repository, slos, sock, metrics_port)
     print(
         f"soak: {duration:.0f} s of Poisson load at {rate:.0f} req/s "

@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeserve.net.serve_cli import READY_PREFIX  # the line `edgeserve serve` prints once it accepts
+from edgeserve.net.listeners import free_port
+from edgeserve.net.serve_cli import ready_urls
 
 DEMO_MODELS = ("digits-s", "digits-m", "digits-l")
 DEMO_SLO_MS = {"digits-s": 5.0, "digits-m": 8.0, "digits-l": 10.0}  # final exits take 0.1-0.4 ms at batch 1
@@ -75,12 +75,6 @@ def steps(repository: Path, plot: Path, force: bool) -> list[Step]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def write_serve_config(
     path: Path, repository: Path, socket_path: Path, http_port: int, metrics_port: int
 ) -> None:
@@ -117,7 +111,7 @@ def _wait_ready(server: subprocess.Popen[str], timeout: float) -> str | None:
     def read() -> None:
         assert server.stdout is not None
         for line in server.stdout:
-            if line.startswith(READY_PREFIX):
+            if ready_urls(line) is not None:
                 found.append(line.strip())
                 return
 

@@ -24,6 +24,7 @@ from edgeserve.errors import EdgeServeError
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backends import gpu_visible
 from edgeserve.runtime.config import ServerConfig
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -101,10 +102,10 @@ def check_backend(ctx: Context) -> list[Finding]:
         findings.append(
             Finding(
                 "backend.providers",
-                OK if gpu_providers or not _gpu_present() else WARN,
+                OK if gpu_providers or not gpu_visible() else WARN,
                 f"onnxruntime {ort.__version__}: {', '.join(providers)}",
                 None
-                if gpu_providers or not _gpu_present()
+                if gpu_providers or not gpu_visible()
                 else "a GPU is present but this onnxruntime is CPU-only: pip uninstall onnxruntime && "
                 "pip install onnxruntime-gpu (on a Jetson: the wheel built for your JetPack)",
             )
@@ -135,14 +136,6 @@ def check_backend(ctx: Context) -> list[Finding]:
         Finding("backend", OK, f"{fp.backend} on {fp.device}, threads {fp.threads}; fingerprint {fp.key()}")
     )
     return findings
-
-
-def _gpu_present() -> bool:
-    return (
-        Path("/dev/nvidia0").exists()
-        or Path("/etc/nv_tegra_release").exists()
-        or any(Path("/proc/driver/nvidia/gpus").glob("*"))
-    )
 
 
 def check_device(ctx: Context) -> list[Finding]:

@@ -13,7 +13,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,8 @@ from runtime_support import HookedBackend
 
 from edgeserve.files import sha256_file
 from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
-from edgeserve.net.serve_cli import READY_PREFIX
+from edgeserve.net.listeners import free_port
+from edgeserve.net.serve_cli import ready_urls
 from edgeserve.profile import ProfileTable
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
@@ -111,12 +111,6 @@ def profile_with_delay(root: Path, manifests: list[Manifest], delay_s: float, ma
             measure_model(backend, manifest, MeasureSettings(max_batch, repeats=5, warmup=1))
         )
     backend.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -315,8 +309,8 @@ def start_serve(config_toml: str, workdir: Path, name: str, timeout_s: float = 6
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"{name} exited with {proc.wait()}: {log.read_text()[-2000:]}")
-        if line.startswith(READY_PREFIX):
-            return Process(proc, line[len(READY_PREFIX) :].split(), log)
+        if (urls := ready_urls(line)) is not None:
+            return Process(proc, urls, log)
     proc.kill()
     raise TimeoutError(f"{name} did not get ready in {timeout_s} s")
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeserve.net.serve_cli import READY_PREFIX
+from edgeserve.net.serve_cli import ready_urls
 
 
 def write_serve_config(
@@ -73,8 +73,8 @@ def serve_process(config: Path, env: dict[str, str] | None = None, *args: str) -
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            if line.startswith(READY_PREFIX):
-                handle.urls.extend(line.removeprefix(READY_PREFIX).split())
+            if (urls := ready_urls(line)) is not None:
+                handle.urls.extend(urls)
                 handle.ready.set()
 
     threading.Thread(target=read, daemon=True).start()

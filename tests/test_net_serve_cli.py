@@ -15,7 +15,7 @@ from runtime_support import profiled_tiny_repository
 
 from edgeserve.cli import main as cli_main
 from edgeserve.net.client import BlockingClient
-from edgeserve.net.serve_cli import READY_PREFIX
+from edgeserve.net.serve_cli import ready_urls
 
 
 def _write_config(path: Path, repository: Path, sock: Path, extra: str = "") -> None:
@@ -34,8 +34,8 @@ def _wait_ready(process: subprocess.Popen[str], timeout: float = 60.0) -> list[s
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            if line.startswith(READY_PREFIX):
-                found.extend(line.removeprefix(READY_PREFIX).split())
+            if (urls := ready_urls(line)) is not None:
+                found.extend(urls)
                 return
 
     reader = threading.Thread(target=read, daemon=True)

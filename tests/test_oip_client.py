@@ -8,7 +8,6 @@ a client that gives up cancels its queued samples.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from oip_support import oip_config
 from runtime_support import HookedFactory, profiled_tiny_repository
 
 from edgeserve.errors import EdgeServeError
+from edgeserve.net.listeners import free_port
 from edgeserve.oip.client import OipClient, OipError
 from edgeserve.oip.frontend import OipFrontend
 from edgeserve.runtime.config import ServerConfig
@@ -107,12 +107,6 @@ def test_unknown_model_is_an_http_error_carrying_the_servers_message(served_root
             assert info.value.status == 400 and "[N, 1, 8, 8]" in str(info.value)
 
     run(scenario())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_connection_refused_is_kind_connect() -> None:

@@ -109,3 +109,10 @@ async def open_listeners(frontend: Frontend, listen: ListenConfig) -> Listeners:
         await opened.close()
         raise
     return opened
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now, for configs that must name one ahead of time."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

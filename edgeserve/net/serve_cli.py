@@ -11,6 +11,12 @@ from pathlib import Path
 
 READY_PREFIX = "edgeserve: ready, listening on"
 
+
+def ready_urls(line: str) -> list[str] | None:
+    """The URLs of `edgeserve serve`'s ready line (what scripts wait for), None for any other line."""
+    return line.removeprefix(READY_PREFIX).split() if line.startswith(READY_PREFIX) else None
+
+
 EPILOG = """\
 examples:
   edgeserve serve --config serve.toml

@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeserve.errors import EdgeServeError
 from edgeserve.profile import QUANTILES
+from edgeserve.runtime.config_checks import (
+    ConfigError,
+    choice,
+    no_unknown,
+    positive_int,
+    positive_number,
+    string,
+    table,
+)
 from edgeserve.runtime.offload_config import UpstreamConfig, parse_upstreams
 
 if sys.version_info >= (3, 11):
@@ -29,10 +37,6 @@ DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 64
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 INTERPOLATIONS = ("bilinear", "nearest")
-
-
-class ConfigError(EdgeServeError):
-    """The server configuration is invalid; the message names the key path at fault."""
 
 
 @dataclass(frozen=True)
@@ -178,43 +182,6 @@ def _replace_repository(config: ServerConfig, root: Path) -> ServerConfig:
     return replace(config, repository=root)
 
 
-def _table(data: Any, key: str) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{key}: must be a table, got {type(data).__name__}")
-    return data
-
-
-def _no_unknown(data: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
-    for key in data:
-        if key not in allowed:
-            where = f"{prefix}.{key}" if prefix else str(key)
-            raise ConfigError(f"{where}: unknown key (allowed: {', '.join(allowed)})")
-
-
-def _positive_number(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ConfigError(f"{key}: must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(value: Any, key: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
-
-
-def _string(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{key}: must be a non-empty string, got {value!r}")
-    return value
-
-
 TOP_LEVEL_KEYS = (
     "repository",
     "shutdown_timeout_s",
@@ -229,11 +196,11 @@ TOP_LEVEL_KEYS = (
 
 
 def _server(data: Mapping[str, Any]) -> ServerConfig:
-    data = _table(data, "(top level)")
-    _no_unknown(data, TOP_LEVEL_KEYS, "")
+    data = table(data, "(top level)")
+    no_unknown(data, TOP_LEVEL_KEYS, "")
     if "models" not in data:
         raise ConfigError("models: missing; add a [models.<name>] table with slo_ms for each served model")
-    models_data = _table(data["models"], "models")
+    models_data = table(data["models"], "models")
     if not models_data:
         raise ConfigError("models: must name at least one model")
     models = {str(name): _model(spec, f"models.{name}") for name, spec in models_data.items()}
@@ -245,22 +212,22 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
         repository=Path(repository),
         backend=_backend(data.get("backend", {})),
         scheduler=_scheduler(data.get("scheduler", {})),
-        shutdown_timeout_s=_positive_number(data.get("shutdown_timeout_s", 5.0), "shutdown_timeout_s"),
+        shutdown_timeout_s=positive_number(data.get("shutdown_timeout_s", 5.0), "shutdown_timeout_s"),
         listen=_listen(data.get("listen", {})),
         metrics=_metrics(data.get("metrics", {})),
         logging=_logging(data.get("logging", {})),
-        upstreams=parse_upstreams(data.get("upstreams", []), models, ConfigError),
+        upstreams=parse_upstreams(data.get("upstreams", []), models),
     )
 
 
 def _model(data: Any, key: str) -> ModelConfig:
-    data = _table(data, key)
-    _no_unknown(data, ("slo_ms", "max_queue", "preprocess"), key)
+    data = table(data, key)
+    no_unknown(data, ("slo_ms", "max_queue", "preprocess"), key)
     if "slo_ms" not in data:
         raise ConfigError(f"{key}.slo_ms: missing; give the model's deadline budget in milliseconds")
     return ModelConfig(
-        slo_ms=_positive_number(data["slo_ms"], f"{key}.slo_ms"),
-        max_queue=_positive_int(data.get("max_queue", DEFAULT_MAX_QUEUE), f"{key}.max_queue"),
+        slo_ms=positive_number(data["slo_ms"], f"{key}.slo_ms"),
+        max_queue=positive_int(data.get("max_queue", DEFAULT_MAX_QUEUE), f"{key}.max_queue"),
         preprocess=None if "preprocess" not in data else _preprocess(data["preprocess"], f"{key}.preprocess"),
     )
 
@@ -281,25 +248,25 @@ def _numbers(value: Any, key: str, positive: bool = False) -> tuple[float, ...]:
 
 
 def _preprocess(data: Any, key: str) -> PreprocessConfig:
-    data = _table(data, key)
+    data = table(data, key)
     allowed = ("input", "resize", "interpolation", "scale", "mean", "std", "channels")
-    _no_unknown(data, allowed, key)
+    no_unknown(data, allowed, key)
     resize = data.get("resize")
     if resize is not None:
         if not (isinstance(resize, (list, tuple)) and len(resize) == 2):
             raise ConfigError(f"{key}.resize: must be [height, width], got {resize!r}")
-        resize = (_positive_int(resize[0], f"{key}.resize[0]"), _positive_int(resize[1], f"{key}.resize[1]"))
+        resize = (positive_int(resize[0], f"{key}.resize[0]"), positive_int(resize[1], f"{key}.resize[1]"))
     mean = _numbers(data.get("mean", 0.0), f"{key}.mean")
     std = _numbers(data.get("std", 1.0), f"{key}.std", positive=True)
-    channels = _choice(data.get("channels", "rgb"), f"{key}.channels", CHANNEL_ORDERS)
+    channels = choice(data.get("channels", "rgb"), f"{key}.channels", CHANNEL_ORDERS)
     for name, values in (("mean", mean), ("std", std)):
         if len(values) not in (1, 1 if channels == "gray" else 3):
             raise ConfigError(f"{key}.{name}: must have 1 value or one per channel, got {len(values)}")
     return PreprocessConfig(
-        input=_choice(data.get("input", "uint8-hwc"), f"{key}.input", ("uint8-hwc",)),
+        input=choice(data.get("input", "uint8-hwc"), f"{key}.input", ("uint8-hwc",)),
         resize=resize,
-        interpolation=_choice(data.get("interpolation", "bilinear"), f"{key}.interpolation", INTERPOLATIONS),
-        scale=_positive_number(data.get("scale", 1.0 / 255.0), f"{key}.scale"),
+        interpolation=choice(data.get("interpolation", "bilinear"), f"{key}.interpolation", INTERPOLATIONS),
+        scale=positive_number(data.get("scale", 1.0 / 255.0), f"{key}.scale"),
         mean=mean,
         std=std,
         channels=channels,
@@ -307,12 +274,12 @@ def _preprocess(data: Any, key: str) -> PreprocessConfig:
 
 
 def _listen(data: Any) -> ListenConfig:
-    data = _table(data, "listen")
+    data = table(data, "listen")
     allowed = ("unix", "unix_mode", "unix_group", "tcp", "http", "token", "max_frame_bytes", "max_in_flight")
-    _no_unknown(data, allowed, "listen")
+    no_unknown(data, allowed, "listen")
     unix = data.get("unix")
     if unix is not None:
-        unix = Path(_string(unix, "listen.unix"))
+        unix = Path(string(unix, "listen.unix"))
     mode_text = data.get("unix_mode", "0660")
     if not isinstance(mode_text, str) or not re.fullmatch(r"0?[0-7]{3}", mode_text):
         raise ConfigError(f'listen.unix_mode: must be an octal string such as "0660", got {mode_text!r}')
@@ -327,14 +294,14 @@ def _listen(data: Any) -> ListenConfig:
     return ListenConfig(
         unix=unix,
         unix_mode=int(mode_text, 8),
-        unix_group=None if group is None else _string(group, "listen.unix_group"),
+        unix_group=None if group is None else string(group, "listen.unix_group"),
         tcp=tcp,
         http=http,
-        token=None if token is None else _string(token, "listen.token"),
-        max_frame_bytes=_positive_int(
+        token=None if token is None else string(token, "listen.token"),
+        max_frame_bytes=positive_int(
             data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
         ),
-        max_in_flight=_positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
+        max_in_flight=positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
     )
 
 
@@ -351,18 +318,18 @@ def _backend(data: Any) -> BackendConfig:
     from edgeserve.runtime.backends import BACKEND_NAMES
     from edgeserve.runtime.engine_cache import PRECISIONS
 
-    data = _table(data, "backend")
-    _no_unknown(data, ("name", "threads", "providers", "warmup", "precision", "device"), "backend")
+    data = table(data, "backend")
+    no_unknown(data, ("name", "threads", "providers", "warmup", "precision", "device"), "backend")
     threads = data.get("threads")
     providers = data.get("providers", [])
     if not isinstance(providers, (list, tuple)) or not all(isinstance(p, str) and p for p in providers):
         raise ConfigError(f"backend.providers: must be a list of provider names, got {providers!r}")
     return BackendConfig(
-        name=_choice(data.get("name", "onnxruntime"), "backend.name", BACKEND_NAMES),
-        threads=None if threads is None else _positive_int(threads, "backend.threads"),
+        name=choice(data.get("name", "onnxruntime"), "backend.name", BACKEND_NAMES),
+        threads=None if threads is None else positive_int(threads, "backend.threads"),
         providers=tuple(providers),
-        warmup=_positive_int(data.get("warmup", 3), "backend.warmup", minimum=0),
-        precision=_choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
+        warmup=positive_int(data.get("warmup", 3), "backend.warmup", minimum=0),
+        precision=choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
         device=None if data.get("device") is None else _device(data["device"]),
     )
 
@@ -377,40 +344,40 @@ def _scheduler(data: Any) -> SchedulerConfig:
     from edgeserve.scheduler.policies import POLICIES
     from edgeserve.scheduler.urgency import URGENCY_FORMS
 
-    data = _table(data, "scheduler")
+    data = table(data, "scheduler")
     allowed = ("policy", "quantile", "max_batch", "urgency", "urgency_clip", "late_tasks")
-    _no_unknown(data, allowed, "scheduler")
+    no_unknown(data, allowed, "scheduler")
     policy = data.get("policy", "")
     if policy:
-        _choice(policy, "scheduler.policy", tuple(POLICIES))
+        choice(policy, "scheduler.policy", tuple(POLICIES))
     max_batch = data.get("max_batch")
     clip = data.get("urgency_clip", 10.0)
     if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0):
         raise ConfigError(f"scheduler.urgency_clip: must be a positive number, got {clip!r}")
     return SchedulerConfig(
         policy=str(policy),
-        quantile=_choice(data.get("quantile", "p95"), "scheduler.quantile", QUANTILES),
-        max_batch=None if max_batch is None else _positive_int(max_batch, "scheduler.max_batch"),
-        urgency=_choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
+        quantile=choice(data.get("quantile", "p95"), "scheduler.quantile", QUANTILES),
+        max_batch=None if max_batch is None else positive_int(max_batch, "scheduler.max_batch"),
+        urgency=choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
         urgency_clip=float(clip),
-        late_tasks=_choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
+        late_tasks=choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
     )
 
 
 def _metrics(data: Any) -> MetricsConfig:
-    data = _table(data, "metrics")
-    _no_unknown(data, ("listen", "path"), "metrics")
+    data = table(data, "metrics")
+    no_unknown(data, ("listen", "path"), "metrics")
     listen = data.get("listen")
-    path = _string(data.get("path", "/metrics"), "metrics.path")
+    path = string(data.get("path", "/metrics"), "metrics.path")
     if not path.startswith("/"):
         raise ConfigError(f'metrics.path: must start with "/", got {path!r}')
     return MetricsConfig(listen=None if listen is None else _host_port(listen, "metrics.listen"), path=path)
 
 
 def _logging(data: Any) -> LoggingConfig:
-    data = _table(data, "logging")
-    _no_unknown(data, ("level", "format"), "logging")
+    data = table(data, "logging")
+    no_unknown(data, ("level", "format"), "logging")
     return LoggingConfig(
-        level=_choice(data.get("level", "info"), "logging.level", LOG_LEVELS),
-        format=_choice(data.get("format", "auto"), "logging.format", LOG_FORMATS),
+        level=choice(data.get("level", "info"), "logging.level", LOG_LEVELS),
+        format=choice(data.get("format", "auto"), "logging.format", LOG_FORMATS),
     )

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from edgeserve.manifest import Manifest
+from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backend import Backend
-from edgeserve.runtime.config import BackendConfig, ServerConfig
+from edgeserve.runtime.config import BackendConfig, SchedulerConfig, ServerConfig
 from edgeserve.runtime.counters import Counters
 from edgeserve.runtime.executor import BatchRun, Executor
 from edgeserve.runtime.offload import Offloader
@@ -78,6 +79,14 @@ def load_config(config: ServerConfig | Mapping[str, Any] | str | Path) -> Server
     return ServerConfig.from_dict(config)
 
 
+def _scheduling(tables: list[ProfileTable], sched: SchedulerConfig) -> tuple[LatencyModel, Policy, Policy]:
+    """The latency model over the profiles, the configured policy and the fallback policy."""
+    latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
+    options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
+    policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
+    return latency, policy, make_policy(FALLBACK_POLICY, latency, options)
+
+
 def _is_budget(value: object) -> bool:
     """A usable deadline budget: a finite positive real number (numpy scalars included)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) < math.inf
@@ -111,9 +120,7 @@ class Server:
         self._backend_factory = backend_factory or default_backend
         self._names = tuple(self.config.models)
         self._index = {name: i for i, name in enumerate(self._names)}
-        self._max_queue = [self.config.models[n].max_queue for n in self._names]
-        self._budget_s = [self.config.models[n].slo_ms / 1000.0 for n in self._names]
-        self._expire_late = self.config.scheduler.late_tasks == "expire"
+        self._take_settings(self.config)
         self.counters = Counters()
         self._manifests: list[Manifest] = []
         self._queues: list[TaskQueue] = [TaskQueue() for _ in self._names]
@@ -157,13 +164,7 @@ class Server:
             backend = await executor.open()
             fingerprint = await executor.call(backend.fingerprint)
             tables = [repository.load_profile(m, fingerprint) for m in self._manifests]
-            sched = config.scheduler
-            latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
-            options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
-            self._policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
-            self._fallback = make_policy(FALLBACK_POLICY, latency, options)
-            self._latency = latency
-            self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+            self._use(*_scheduling(tables, config.scheduler))
             for manifest in self._manifests:
                 await executor.load(manifest)
         except BaseException:
@@ -234,23 +235,27 @@ class Server:
         repository = ModelRepository(Path(self.config.repository))
         manifests = self._manifests
         tables = await asyncio.to_thread(lambda: [repository.load_profile(m, fingerprint) for m in manifests])
-        sched = new.scheduler
-        latency = LatencyModel.from_profiles(tables, sched.quantile, sched.max_batch)
-        options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
-        policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
-        fallback = make_policy(FALLBACK_POLICY, latency, options)
+        latency, policy, fallback = _scheduling(tables, new.scheduler)
         if not self._accepting:  # shutdown began while the profiles were read: keep what runs
             raise RuntimeError("server began shutting down during the reload")
         # One synchronous block on the loop: no decision can see half of the old and half the new.
-        self.config = new
-        self._max_queue = [new.models[n].max_queue for n in self._names]
-        self._budget_s = [new.models[n].slo_ms / 1000.0 for n in self._names]
-        self._expire_late = sched.late_tasks == "expire"
-        self._policy, self._fallback, self._latency = policy, fallback, latency
-        self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+        self._take_settings(new)
+        self._use(latency, policy, fallback)
         if not self._busy:
             self._kick()  # a pending Wait was computed by the old policy: decide again now
         return changed
+
+    def _take_settings(self, config: ServerConfig) -> None:
+        """The per-model limits and the late-task mode, read on every request, from `config`."""
+        self.config = config
+        self._max_queue = [config.models[n].max_queue for n in self._names]
+        self._budget_s = [config.models[n].slo_ms / 1000.0 for n in self._names]
+        self._expire_late = config.scheduler.late_tasks == "expire"
+
+    def _use(self, latency: LatencyModel, policy: Policy, fallback: Policy) -> None:
+        """Schedule with these from the next decision on (what start and reload install)."""
+        self._latency, self._policy, self._fallback = latency, policy, fallback
+        self._shallowest_s = [m.latency(0, 1) for m in latency.models]
 
     # -- public API --------------------------------------------------------------------------------
 
