@@ -165,6 +165,7 @@ def _show_metrics(number: int, url: str) -> None:
     for line in text.splitlines():
         if line.startswith(METRICS_SHOWN) and not line.endswith(" 0") and not line.endswith(" 0.0"):
             print(f"   {line}")
+    print("   (the server counts every request since it started, the benches' warm-up seconds included)")
 
 
 def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float, duration: float) -> int:
