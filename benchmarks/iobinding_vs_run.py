@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend, StageSession, run_chain
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend, StageSession, run_chain
 
 
 def chain_with_run(stages: list[StageSession], x: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Offload under load: violation ratio, P95 and the share served upstream, with and without offload.
 
 Two `edgeserve serve` processes on loopback: the local box and an upstream 5 ms away (each way)
-behind `edgeserve.net.delay_proxy`. The local box serves a small CNN whose shallowest exit already
+behind `edgeserve.tools.delay_proxy`. The local box serves a small CNN whose shallowest exit already
 costs most of its compute, so the offload rule (offload only what even the shallowest exit
 cannot serve in time) has work to do. For every offered load (a multiple of the local All-Final
 capacity) the same seeded Poisson trace is sent to a fresh local-only server and to a fresh server
@@ -36,13 +36,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgeserve.files import sha256_file
 from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
-from edgeserve.net.client import AsyncClient
 from edgeserve.net.listeners import free_port
-from edgeserve.net.serve_cli import ready_urls
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.scheduler import LatencyModel
+from edgeserve.service.serve_cli import ready_urls
+from edgeserve.wire.client import AsyncClient
 
 MODEL = "cnn"
 INPUT = (3, 48, 48)
@@ -254,7 +254,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "edgeserve.net.delay_proxy",
+            "edgeserve.tools.delay_proxy",
             "--listen",
             f"127.0.0.1:{proxy_port}",
             "--to",

@@ -27,7 +27,7 @@ from edgeserve.export.onnx_export import export_model, export_monolithic_exits
 from edgeserve.profile import CellStats
 from edgeserve.profiler.measure import time_cell
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
 MIB = 1 << 20
 

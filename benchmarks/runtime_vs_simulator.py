@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from edgeserve.errors import EdgeServeError
+from edgeserve.loop import run
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.loop import run
-from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.server import Server
 from edgeserve.scheduler import DEFAULT_POLICY, LatencyModel, PolicyOptions, make_policy

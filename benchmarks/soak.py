@@ -42,15 +42,15 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from edgeserve.demo import DEMO_MODELS, DEMO_SLO_MS
 from edgeserve.errors import EdgeServeError
+from edgeserve.loop import run
 from edgeserve.metrics.process import rss_bytes
-from edgeserve.net.bench import default_ratios, split_rate
-from edgeserve.net.client import AsyncClient, Reply
 from edgeserve.net.listeners import free_port
-from edgeserve.net.serve_cli import ready_urls
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.loop import run
+from edgeserve.service.serve_cli import ready_urls
+from edgeserve.tools.bench import default_ratios, split_rate
+from edgeserve.tools.demo import DEMO_MODELS, DEMO_SLO_MS
+from edgeserve.wire.client import AsyncClient, Reply
 
 MIB = 2**20
 STATUSES = ("ok", "expired", "rejected", "error", "invalid", "shutdown")
@@ -358,7 +358,7 @@ def write_plot(samples: list[Sample], path: Path, title: str) -> None:
 def all_final_capacity(repository: ModelRepository, models: list[str], ratios: tuple[float, ...]) -> float:
     """Total req/s at which each model at its final exit, in full batches at the profile's mean
     latency, keeps the accelerator busy all the time (ONNX Runtime, 1 thread: the server's setup)."""
-    from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+    from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     fingerprint = OnnxRuntimeBackend(repository, threads=1, warmup=0).fingerprint()
     seconds_per_request = 0.0

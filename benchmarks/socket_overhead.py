@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.net.client import AsyncClient
-from edgeserve.net.service import NetServer
-from edgeserve.oip.client import OipClient
-from edgeserve.runtime.loop import run
+from edgeserve.loop import run
+from edgeserve.service.process import NetServer
+from edgeserve.wire.client import AsyncClient
+from edgeserve.wire.oip_client import OipClient
 
 Call = Callable[[np.ndarray], Awaitable[str]]
 

@@ -17,11 +17,11 @@ _EXPORTS = {
     "Result": "edgeserve.runtime.results",
     "Status": "edgeserve.runtime.results",
     "RequestFailed": "edgeserve.runtime.results",
-    "ServerConfig": "edgeserve.runtime.config",
-    "ModelConfig": "edgeserve.runtime.config",
-    "BackendConfig": "edgeserve.runtime.config",
-    "SchedulerConfig": "edgeserve.runtime.config",
-    "ConfigError": "edgeserve.runtime.config",
+    "ServerConfig": "edgeserve.config.server",
+    "ModelConfig": "edgeserve.config.server",
+    "BackendConfig": "edgeserve.config.server",
+    "SchedulerConfig": "edgeserve.config.server",
+    "ConfigError": "edgeserve.config.server",
     "EdgeServeError": "edgeserve.errors",
 }
 
@@ -41,15 +41,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from edgeserve.errors import EdgeServeError
-    from edgeserve.runtime.blocking import BlockingServer
-    from edgeserve.runtime.config import (
+    from edgeserve.config.server import (
         BackendConfig,
         ConfigError,
         ModelConfig,
         SchedulerConfig,
         ServerConfig,
     )
+    from edgeserve.errors import EdgeServeError
+    from edgeserve.runtime.blocking import BlockingServer
     from edgeserve.runtime.results import RequestFailed, Result, Status
     from edgeserve.runtime.server import Server
 

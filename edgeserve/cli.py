@@ -19,12 +19,12 @@ SUBCOMMAND_MODULES = (
     "edgeserve.export.cli",
     "edgeserve.profiler.cli",
     "edgeserve.scheduler.cli",
-    "edgeserve.runtime.build_engines_cli",
-    "edgeserve.net.serve_cli",
-    "edgeserve.net.bench_cli",
-    "edgeserve.net.send_cli",
-    "edgeserve.install_service",
-    "edgeserve.doctor",
+    "edgeserve.tools.build_engines",
+    "edgeserve.service.serve_cli",
+    "edgeserve.tools.bench_cli",
+    "edgeserve.tools.send_cli",
+    "edgeserve.service.install",
+    "edgeserve.service.doctor",
 )
 
 

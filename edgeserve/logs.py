@@ -18,7 +18,8 @@ import sys
 import time
 from typing import IO, Any
 
-from edgeserve.runtime.config import LOG_FORMATS, LOG_LEVELS
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "logfmt", "json")
 
 # syslog priorities (sd-daemon.h SD_ERR .. SD_DEBUG) by logging level
 PRIORITIES = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}

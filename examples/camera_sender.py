@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from edgeserve.net.client import AsyncClient, Reply
-from edgeserve.runtime.loop import run
+from edgeserve.loop import run
+from edgeserve.wire.client import AsyncClient, Reply
 
 
 def synthetic_frames(height: int = 120, width: int = 160) -> Iterator[np.ndarray]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeserve.config.server import BACKEND_NAMES, PRECISIONS
 from edgeserve.errors import EdgeServeError, ProfileError, RepositoryError
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
@@ -30,9 +31,7 @@ from edgeserve.profiler.evaluate import (
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.profiler.report import DEFAULT_CV_THRESHOLD, format_noisy, format_table, noisy_cells
 from edgeserve.repository import ModelRepository, default_root
-from edgeserve.runtime.backend import Backend
-from edgeserve.runtime.backends import BACKEND_NAMES
-from edgeserve.runtime.engine_cache import PRECISIONS
+from edgeserve.runtime.backends.base import Backend
 
 DESCRIPTION = """\
 Measure how long every (model, exit, batch size) cell takes on this box and save the profile
@@ -236,7 +235,7 @@ def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) ->
 
 
 def profile_command(args: argparse.Namespace) -> int:
-    from edgeserve.runtime.backends import create_backend
+    from edgeserve.runtime.backends.select import create_backend
 
     repository = ModelRepository(args.repository if args.repository is not None else default_root())
     names = list(dict.fromkeys(args.model or repository.models()))

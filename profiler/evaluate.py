@@ -15,7 +15,7 @@ import numpy as np
 from edgeserve.errors import InputError
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.backend import Backend
+from edgeserve.runtime.backends.base import Backend
 
 _FORMAT = "an .npz with x (N, *input_shape) float32 and y (N,) int64 labels"
 

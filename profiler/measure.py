@@ -19,7 +19,7 @@ import numpy as np
 
 from edgeserve.manifest import Manifest
 from edgeserve.profile import ProfileCell, ProfileTable
-from edgeserve.runtime.backend import Backend
+from edgeserve.runtime.backends.base import Backend
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.engine_cache import (
+from edgeserve.runtime.backends.engine_cache import (
     BuildTarget,
     EngineRecord,
     batch_sizes,

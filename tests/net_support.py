@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from edgeserve.net.protocol import HEADER, PROTOCOL_VERSION, decode_body, encode_frame
-from edgeserve.net.service import NetServer
-from edgeserve.runtime.loop import new_event_loop
+from edgeserve.loop import new_event_loop
 from edgeserve.runtime.server import BackendFactory
+from edgeserve.service.process import NetServer
+from edgeserve.wire.frames import HEADER, PROTOCOL_VERSION, decode_body, encode_frame
 
 
 def net_config(base: dict[str, Any], tmp: Path, **listen: Any) -> dict[str, Any]:

@@ -30,11 +30,11 @@ from runtime_support import HookedBackend
 from edgeserve.files import sha256_file
 from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
 from edgeserve.net.listeners import free_port
-from edgeserve.net.serve_cli import ready_urls
 from edgeserve.profile import ProfileTable
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
+from edgeserve.service.serve_cli import ready_urls
 
 
 def _gemm_stage(
@@ -210,7 +210,7 @@ async def send_poisson(
     """Send one request per arrival time over one connection; wait for every answer.
 
     Answers are matched to requests by id; `errors` records any that never came (none should)."""
-    from edgeserve.net.client import AsyncClient
+    from edgeserve.wire.client import AsyncClient
 
     client = await AsyncClient.connect(target)
     result = LoadResult()
@@ -316,13 +316,13 @@ def start_serve(config_toml: str, workdir: Path, name: str, timeout_s: float = 6
 
 
 def start_proxy(target: str, delay_ms: float) -> tuple[subprocess.Popen[str], int]:
-    """`python -m edgeserve.net.delay_proxy` in front of host:port; returns it and its port."""
+    """`python -m edgeserve.tools.delay_proxy` in front of host:port; returns it and its port."""
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "edgeserve.net.delay_proxy",
+            "edgeserve.tools.delay_proxy",
             "--listen",
             f"127.0.0.1:{port}",
             "--to",

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 from tiny_onnx import TinyModel, write_tiny_repository
 
+from edgeserve.config.server import BackendConfig
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.config import BackendConfig
-from edgeserve.runtime.onnxruntime_backend import OnnxRuntimeBackend
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
 MAX_BATCH = 4
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeserve.net.serve_cli import ready_urls
+from edgeserve.service.serve_cli import ready_urls
 
 
 def write_serve_config(

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from edgeserve.metrics.exposition import Family, render
 from edgeserve.metrics.process import ProcessSample
-from edgeserve.runtime.results import Status
+from edgeserve.runtime import Status
 
 MODEL_VERSION = "1"  # Triton's `version` label: edgeserve serves one version of each model
 STATUSES = tuple(s.value for s in Status)
@@ -30,7 +30,7 @@ UPSTREAM_STATES = ("closed", "open", "half-open")
 
 
 class FrontendCounters(Protocol):
-    """The counters of a frontend (edgeserve.net.frontend.FrontendStats has them)."""
+    """The counters of a frontend (edgeserve.runtime.FrontendStats has them)."""
 
     connections: int
     open_connections: int

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from edgeserve.config.server import MetricsConfig
 from edgeserve.metrics import process
 from edgeserve.metrics.catalog import FrontendCounters, render_metrics
 from edgeserve.metrics.exposition import CONTENT_TYPE
-from edgeserve.runtime.config import MetricsConfig
 
 if TYPE_CHECKING:
-    from edgeserve.runtime.server import Server
+    from edgeserve.runtime import Server
 
 _log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The network front: a length-prefixed msgpack protocol over UNIX and TCP sockets (docs/protocol.md)."""
 
-from edgeserve.net.client import AsyncClient, BlockingClient, Reply, connect
+from edgeserve.wire.client import AsyncClient, BlockingClient, Reply, connect
 
 __all__ = ["AsyncClient", "BlockingClient", "Reply", "connect"]

@@ -20,14 +20,15 @@ import hmac
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 
 from edgeserve import __version__
+from edgeserve.config.server import ListenConfig
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
-from edgeserve.net.protocol import (
+from edgeserve.runtime import FrontendStats, Result, Server, Status
+from edgeserve.wire.frames import (
     HEADER,
     PROTOCOL_VERSION,
     InferRequest,
@@ -38,30 +39,13 @@ from edgeserve.net.protocol import (
     parse_hello,
     parse_infer,
 )
-from edgeserve.net.tensors import encode_tensor
-from edgeserve.runtime.config import ListenConfig
-from edgeserve.runtime.results import Result, Status
-from edgeserve.runtime.server import Server
+from edgeserve.wire.tensors import encode_tensor
 
 _log = logging.getLogger(__name__)
 
 TOO_MANY_IN_FLIGHT = "too many requests in flight"
 WRITE_HIGH_WATER = 1024 * 1024
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
-
-
-@dataclass
-class FrontendStats:
-    """Connection-level counters (the Server counts requests)."""
-
-    connections: int = 0
-    open_connections: int = 0
-    requests: int = 0
-    discarded: int = 0  # answers whose client had gone
-    protocol_errors: int = 0
-    refused_auth: int = 0
-    expired_on_arrival: int = 0
-    by_status: dict[str, int] = field(default_factory=dict)
 
 
 def _ms(value: float) -> float | None:
@@ -268,21 +252,12 @@ class Connection(asyncio.Protocol):
         if self._in_flight >= self.frontend.listen.max_in_flight:
             self._reply_now(request.id, Status.REJECTED, TOO_MANY_IN_FLIGHT, request.priority, request.model)
             return
-        deadline_ms = request.deadline_ms
-        if request.capture_ts is not None and request.model in self.frontend.server.config.models:
-            slo_ms = self.frontend.server.config.models[request.model].slo_ms
-            deadline_ms = slo_ms - (time.time() - request.capture_ts) * 1000.0
-            if deadline_ms <= 0:
-                stats.expired_on_arrival += 1
-                why = f"captured {-deadline_ms + slo_ms:.1f} ms ago, past the {slo_ms:g} ms SLO"
-                self._reply_now(request.id, Status.EXPIRED, why, request.priority, request.model)
-                return
         self._in_flight += 1
-        task = asyncio.ensure_future(self._serve(request, deadline_ms))
+        task = asyncio.ensure_future(self._serve(request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, request: InferRequest, deadline_ms: float | None) -> None:
+    async def _serve(self, request: InferRequest) -> None:
         try:
             x = request.tensor
             pre = self.frontend.server.config.models.get(request.model)
@@ -295,7 +270,11 @@ class Connection(asyncio.Protocol):
                         request.id, Result(Status.INVALID, request.model, error=str(exc)), request.priority
                     )
                     return
-            result = await self.frontend.server.infer(request.model, x, deadline_ms=deadline_ms)
+            result = await self.frontend.server.infer(
+                request.model, x, deadline_ms=request.deadline_ms, capture_ts=request.capture_ts
+            )
+            if result.status is Status.EXPIRED and result.refused:
+                self.frontend.stats.expired_on_arrival += 1
             self._answer(request.id, result, request.priority)
         except Exception as exc:  # never lose an answer, whatever went wrong
             _log.exception("request %d from %s failed", request.id, self.peer)

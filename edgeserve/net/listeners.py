@@ -16,9 +16,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeserve.config.server import ListenConfig
 from edgeserve.errors import EdgeServeError
 from edgeserve.net.frontend import Frontend
-from edgeserve.runtime.config import ListenConfig
 
 
 class ListenError(EdgeServeError):

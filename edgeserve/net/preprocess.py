@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeserve.runtime.config import PreprocessConfig
+from edgeserve.config.server import PreprocessConfig
 
 
 class PreprocessError(ValueError):

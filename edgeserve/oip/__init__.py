@@ -1,2 +1,1 @@
-"""The Open Inference Protocol (KServe v2): the HTTP frontend, the client the offload path uses, and
-the message codec both share (docs/oip.md)."""
+"""The Open Inference Protocol (KServe v2) HTTP front (docs/oip.md); its codec and client are in wire/."""

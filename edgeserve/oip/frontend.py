@@ -26,20 +26,18 @@ import numpy as np
 from aiohttp import web
 
 from edgeserve import __version__
-from edgeserve.net.frontend import FrontendStats
-from edgeserve.oip.codec import (
+from edgeserve.config.server import ListenConfig
+from edgeserve.runtime import FrontendStats, Result, Server, Status
+from edgeserve.wire.oip_codec import (
     HEADER_LENGTH,
     InferRequest,
     InferResponse,
-    ProtocolError,
+    OipMessageError,
     Tensor,
     binary_outputs,
     decode_request,
     encode_response,
 )
-from edgeserve.runtime.config import ListenConfig
-from edgeserve.runtime.results import Result, Status
-from edgeserve.runtime.server import Server
 
 _log = logging.getLogger(__name__)
 
@@ -89,16 +87,24 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return error_response(exc.status, exc.text or exc.reason)
 
 
-def _deadline_ms(parameters: dict[str, Any]) -> float | None:
-    """The per-request budget: `deadline_ms` (edgeserve), else Triton's `timeout` in microseconds."""
-    for key, scale in (("deadline_ms", 1.0), ("timeout", 1e-3)):
+def _deadline(parameters: dict[str, Any]) -> dict[str, float]:
+    """Server.infer's deadline keywords from the request's parameters: `deadline_ms` (edgeserve), else
+    Triton's `timeout` in microseconds, or `capture_ts`; the core turns them into one deadline."""
+    found: dict[str, float] = {}
+    for key, name, scale in (
+        ("deadline_ms", "deadline_ms", 1.0),
+        ("timeout", "deadline_ms", 1e-3),
+        ("capture_ts", "capture_ts", 1.0),
+    ):
         value = parameters.get(key)
-        if value is None:
+        if value is None or name in found:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
             raise OipRequestError(400, f"parameters.{key}: must be a positive number, got {value!r}")
-        return float(value) * scale
-    return None
+        found[name] = float(value) * scale
+    if len(found) > 1:
+        raise OipRequestError(400, "parameters: give deadline_ms (or timeout) or capture_ts, not both")
+    return found
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -352,23 +358,21 @@ class OipFrontend:
             body = await self._read_body(request)
             try:
                 infer = decode_request(body, request.headers.get(HEADER_LENGTH))
-            except ProtocolError as exc:
+            except OipMessageError as exc:
                 raise OipRequestError(exc.status, str(exc)) from None
             samples = self._samples(model, infer)
-            deadline_ms = _deadline_ms(infer.parameters)
+            deadline = _deadline(infer.parameters)
         except OipRequestError:
             self.stats.protocol_errors += 1
             raise
         try:
-            results = await asyncio.gather(
-                *(self.server.infer(model, x, deadline_ms=deadline_ms) for x in samples)
-            )
+            results = await asyncio.gather(*(self.server.infer(model, x, **deadline) for x in samples))
         except asyncio.CancelledError:
             self.stats.discarded += 1  # the client went away: Server.infer dropped what was still queued
             raise
         for result in results:
             self.stats.by_status[result.status.value] = self.stats.by_status.get(result.status.value, 0) + 1
-        return self._answer(model, infer, results, received, deadline_ms)
+        return self._answer(model, infer, results, received)
 
     def _answer(
         self,
@@ -376,7 +380,6 @@ class OipFrontend:
         infer: InferRequest,
         results: list[Result],
         received: float,
-        deadline_ms: float | None,
     ) -> web.Response:
         failed = [r for r in results if r.status is not Status.OK]
         if failed:
@@ -391,9 +394,7 @@ class OipFrontend:
             "edgeserve_exit_index": _joined([r.exit_index for r in results]),
             "edgeserve_served_by": _joined([getattr(r, "served_by", "local") for r in results]),
             "edgeserve_late": any(r.late for r in results),
-            "edgeserve_deadline_ms": round(
-                deadline_ms if deadline_ms is not None else self.server.config.models[model].slo_ms, 3
-            ),
+            "edgeserve_deadline_ms": round((results[0].deadline - results[0].queued) * 1000.0, 3),
         }
         accuracies = [r.expected_accuracy for r in results]
         if all(a is not None for a in accuracies):

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgeserve.runtime.config import ServerConfig
-from edgeserve.runtime.loop import new_event_loop
+from edgeserve.config.server import ServerConfig
+from edgeserve.loop import new_event_loop
 from edgeserve.runtime.results import Result
 from edgeserve.runtime.server import BackendFactory, Server
 

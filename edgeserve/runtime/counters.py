@@ -33,6 +33,21 @@ UTILISATION_SLOTS = 10  # ... kept as this many per-slot busy totals (1 s each):
 
 
 @dataclass
+class FrontendStats:
+    """A front's connection-level counters (the Server counts requests); each front keeps one and
+    the metrics endpoint exports it, so it lives here, below both."""
+
+    connections: int = 0
+    open_connections: int = 0
+    requests: int = 0
+    discarded: int = 0  # answers whose client had gone
+    protocol_errors: int = 0
+    refused_auth: int = 0
+    expired_on_arrival: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Histogram:
     """A Prometheus-style histogram: fixed upper bounds, per-bucket counts, sum and count.
 

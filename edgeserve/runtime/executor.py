@@ -17,7 +17,7 @@ from typing import TypeVar
 import numpy as np
 
 from edgeserve.manifest import Manifest
-from edgeserve.runtime.backend import Backend
+from edgeserve.runtime.backends.base import Backend
 
 T = TypeVar("T")
 

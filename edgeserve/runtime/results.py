@@ -64,6 +64,11 @@ class Result:
         return self.status is Status.OK
 
     @property
+    def refused(self) -> bool:
+        """Answered at once, never queued (invalid, rejected, shutdown, or captured too long ago)."""
+        return math.isnan(self.deadline)
+
+    @property
     def queue_ms(self) -> float:
         """Arrival to start of its batch on the executor."""
         return (self.start - self.queued) * 1000.0

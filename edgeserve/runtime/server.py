@@ -16,21 +16,21 @@ import math
 import numbers
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgeserve.config.server import BackendConfig, SchedulerConfig, ServerConfig
 from edgeserve.manifest import Manifest
 from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.backend import Backend
-from edgeserve.runtime.config import BackendConfig, SchedulerConfig, ServerConfig
+from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.counters import Counters
 from edgeserve.runtime.executor import BatchRun, Executor
-from edgeserve.runtime.offload import Offloader
+from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
 from edgeserve.runtime.results import Result, Status
+from edgeserve.runtime.tasks import Task, TaskBook
 from edgeserve.scheduler import (
     DEFAULT_POLICY,
     Decision,
@@ -38,7 +38,6 @@ from edgeserve.scheduler import (
     LatencyModel,
     Policy,
     PolicyOptions,
-    TaskQueue,
     Urgency,
     Wait,
     make_policy,
@@ -57,7 +56,7 @@ FALLBACK_POLICY = "early-exit-edf"
 
 def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
     """The backend named in the config, over the server's repository."""
-    from edgeserve.runtime.backends import create_backend
+    from edgeserve.runtime.backends.select import create_backend
 
     return create_backend(
         config.name,
@@ -92,17 +91,6 @@ def _is_budget(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) < math.inf
 
 
-@dataclass(eq=False)
-class _Task:
-    id: int
-    model: int
-    x: np.ndarray
-    future: asyncio.Future[Result]
-    queued: float
-    deadline: float
-    dispatch: float = math.nan
-
-
 class Server:
     """Serve the configured models until closed: `async with Server(config) as server: ...`.
 
@@ -123,9 +111,8 @@ class Server:
         self._take_settings(self.config)
         self.counters = Counters()
         self._manifests: list[Manifest] = []
-        self._queues: list[TaskQueue] = [TaskQueue() for _ in self._names]
-        self._tasks: dict[int, _Task] = {}
-        self._next_id = 0
+        self._book = TaskBook(len(self._names))
+        self._queues = self._book.queues  # the scheduler's view of the book
         self._executor: Executor | None = None
         self._policy: Policy | None = None
         self._fallback: Policy | None = None
@@ -174,7 +161,7 @@ class Server:
         self.counters = Counters()
         self.counters.queue_depth = {name: 0 for name in self._names}
         if config.upstreams:
-            self._offload = Offloader(self, config.upstreams)
+            self._offload = Offloader(self._offload_context(), config.upstreams)
             await self._offload.start()
         self._accepting = True
         return self
@@ -201,10 +188,11 @@ class Server:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout)
         self._closed = True
+        self._book.closed = True
         self._cancel_timer()
         now = time.monotonic()
         self._answer_queued(Status.SHUTDOWN, now, "server shut down")
-        for task in list(self._tasks.values()):  # the running batch, if any: answer without waiting
+        for task in list(self._book.open.values()):  # running here or upstream: answer without waiting
             self._finish(task, self._result(task, Status.SHUTDOWN, now, error="server shut down"))
         if self._executor is not None:
             await self._executor.close()  # waits for a running batch on the executor thread
@@ -222,7 +210,7 @@ class Server:
         only a restart can apply (models, backend, repository, listeners) raises ReloadRefused;
         any error leaves the old config serving.
         """
-        from edgeserve.runtime.reload import check_reloadable
+        from edgeserve.config.reload import check_reloadable
 
         new = load_config(config)
         if not self._accepting or self._executor is None:
@@ -283,11 +271,21 @@ class Server:
         snapshot["upstreams"] = {} if self._offload is None else self._offload.snapshot(time.monotonic())
         return snapshot
 
-    async def infer(self, model: str, x: np.ndarray, *, deadline_ms: float | None = None) -> Result:
+    async def infer(
+        self,
+        model: str,
+        x: np.ndarray,
+        *,
+        deadline_ms: float | None = None,
+        capture_ts: float | None = None,
+    ) -> Result:
         """Queue one sample (the model's per-sample shape and dtype) and await its Result.
 
-        `deadline_ms` overrides the model's SLO for this request. Do not modify `x` until the
-        result is back: it is stacked into the batch when its batch runs.
+        The deadline is fixed here, once, for every front: `deadline_ms` is this request's budget
+        from now; `capture_ts` (Unix time in seconds, time.time()) runs the model's SLO from the
+        moment the frame was captured, and a frame already past it is answered `expired` at once;
+        neither: the model's SLO from now. Do not modify `x` until the result is back: it is
+        stacked into the batch when its batch runs.
         """
         now = time.monotonic()
         m = self._index.get(model, -1)
@@ -297,29 +295,25 @@ class Server:
         if m < 0:
             why = f"unknown model {model!r}; served: {', '.join(self._names)}"
             return self._refuse(UNKNOWN_MODEL, Status.INVALID, now, why, model)
-        problem = self._input_problem(m, x)
-        if problem is None and deadline_ms is not None and not _is_budget(deadline_ms):
-            problem = f"deadline_ms must be a positive number of milliseconds, got {deadline_ms!r}"
+        budget, problem = self._budget(m, deadline_ms, capture_ts)
+        if problem is None and budget <= 0:
+            slo_ms = self._budget_s[m] * 1000.0
+            why = f"captured {slo_ms - budget * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
+            return self._refuse(model, Status.EXPIRED, now, why)
+        if problem is None:
+            problem = self._input_problem(m, x)
         if problem is not None:
             return self._refuse(model, Status.INVALID, now, problem)
         queue = self._queues[m]
         if len(queue) >= self._max_queue[m]:
             return self._refuse(model, Status.REJECTED, now, f"queue of {model!r} is full ({len(queue)})")
-        budget = self._budget_s[m] if deadline_ms is None else float(deadline_ms) / 1000.0
         assert self._loop is not None and self._idle is not None
-        task = _Task(self._next_id, m, x, self._loop.create_future(), now, now + budget)
-        self._next_id += 1
-        queue.push(task.id, now, budget)
-        self._tasks[task.id] = task
+        task = self._book.add(m, x, self._loop.create_future(), now, budget)
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
-        if self._busy:
-            if self._offload is not None:
-                self._offload.poke()  # work beyond local capacity may go upstream now
-            if self._expire_late:
-                self._arm_timer(math.inf)  # answer it `expired` as soon as it is hopeless
-        else:
-            self._kick()
+        if self._busy and self._offload is not None:
+            self._offload.poke()  # work beyond local capacity may go upstream now
+        self._wake()
         try:
             return await task.future
         except asyncio.CancelledError:
@@ -333,6 +327,20 @@ class Server:
         return list(await asyncio.gather(*(self.infer(model, x, deadline_ms=deadline_ms) for x in xs)))
 
     # -- request checks and answers ----------------------------------------------------------------
+
+    def _budget(self, m: int, deadline_ms: object, capture_ts: object) -> tuple[float, str | None]:
+        """(seconds from now to the deadline, None) or (nan, what is wrong with the request)."""
+        if deadline_ms is not None and capture_ts is not None:
+            return math.nan, "give deadline_ms or capture_ts, not both"
+        if capture_ts is not None:
+            if not _is_budget(capture_ts):
+                return math.nan, f"capture_ts must be a Unix time in seconds, got {capture_ts!r}"
+            return self._budget_s[m] - (time.time() - float(capture_ts)), None  # type: ignore[arg-type]
+        if deadline_ms is None:
+            return self._budget_s[m], None
+        if not _is_budget(deadline_ms):
+            return math.nan, f"deadline_ms must be a positive number of milliseconds, got {deadline_ms!r}"
+        return float(deadline_ms) / 1000.0, None  # type: ignore[arg-type]
 
     def _input_problem(self, m: int, x: object) -> str | None:
         spec = self._manifests[m].input
@@ -352,7 +360,7 @@ class Server:
 
     def _result(
         self,
-        task: _Task,
+        task: Task,
         status: Status,
         end: float,
         *,
@@ -380,9 +388,9 @@ class Server:
             error=error,
         )
 
-    def _finish(self, task: _Task, result: Result) -> None:
+    def _finish(self, task: Task, result: Result) -> None:
         """Answer a task exactly once; later answers for it (e.g. after shutdown) are ignored."""
-        if self._tasks.pop(task.id, None) is None:
+        if not self._book.answer(task):
             return
         model = result.model
         self.counters.requests[(model, result.status.value)] += 1
@@ -396,16 +404,31 @@ class Server:
         if not task.future.done():
             task.future.set_result(result)
 
-    def _on_cancel(self, task: _Task) -> None:
+    def _on_cancel(self, task: Task) -> None:
         """A caller gave up: drop its task if still queued; a running batch completes regardless."""
         self.counters.cancelled[self._names[task.model]] += 1
-        if task.id in self._tasks and math.isnan(task.dispatch):
-            self._queues[task.model].remove([task.id])
-            del self._tasks[task.id]
-            self.counters.queue_depth[self._names[task.model]] = len(self._queues[task.model])
-            self._update_idle()
+        if self._book.withdraw(task):
+            self._sync_depths()
+
+    def _sync_depths(self) -> None:
+        """Export the queue depths and set the idle event if nothing is left (after any change)."""
+        for m, name in enumerate(self._names):
+            self.counters.queue_depth[name] = len(self._queues[m])
+        self._update_idle()
 
     # -- scheduling --------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """New work in the queues: decide soon if the executor is free; while it is busy, re-arm the
+        timer that answers a task `expired` as soon as it turns hopeless (expire mode)."""
+        if not self._busy:
+            self._kick()
+        elif self._expire_late:
+            self._arm_timer(math.inf)
+
+    def _free_at(self, now: float) -> float:
+        """When the executor is free: now, or the running batch's predicted end."""
+        return self._busy_until if self._busy else now
 
     def _kick(self) -> None:
         """Decide soon (once per loop iteration, so a burst of arrivals is batched together)."""
@@ -448,8 +471,7 @@ class Server:
                 continue
             hopeless = queue.deadlines < now + self._shallowest_s[m]
             if hopeless.any():
-                for task_id in queue.remove(queue.ids[hopeless].copy()).tolist():
-                    task = self._tasks[task_id]
+                for task in self._book.drop(m, queue.ids[hopeless].copy()):
                     self._finish(task, self._result(task, Status.EXPIRED, now, error="cannot meet deadline"))
 
     def _decide(self, wake_at: float = -math.inf) -> None:
@@ -474,23 +496,17 @@ class Server:
             self.counters.decision.add(time.perf_counter() - t0)
         if decision is not None:
             for drop in decision.drops:
-                for task_id in self._queues[drop.model].remove(drop.task_ids).tolist():
-                    task = self._tasks[task_id]
+                for task in self._book.drop(drop.model, drop.task_ids):
                     self._finish(task, self._result(task, Status.EXPIRED, now, error="dropped by the policy"))
             if isinstance(decision, Dispatch):
-                ids = self._queues[decision.model].pop(decision.batch).tolist()
-                tasks = [self._tasks[i] for i in ids]
-                for task in tasks:
-                    task.dispatch = now
+                tasks = self._book.pop(decision.model, decision.batch, now)
                 self._busy = True
                 self._busy_until = now + decision.predicted_s
                 self._batch_task = self._loop.create_task(
                     self._run_batch(decision.model, decision.exit, tasks)
                 )
         self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
-        for m, name in enumerate(self._names):
-            self.counters.queue_depth[name] = len(self._queues[m])
-        self._update_idle()
+        self._sync_depths()
 
     def _ask_policy(self, at: float, now: float) -> Decision | None:
         """The configured policy's decision; if it raises, the fallback's; if that raises too (the
@@ -512,9 +528,8 @@ class Server:
 
     def _answer_queued(self, status: Status, now: float, error: str) -> None:
         """Empty every queue, answering each task `status`."""
-        for m, queue in enumerate(self._queues):
-            for task_id in queue.pop(len(queue)).tolist():
-                task = self._tasks[task_id]
+        for m in range(len(self._queues)):
+            for task in self._book.drain(m):
                 self._finish(task, self._result(task, status, now, error=error))
             self.counters.queue_depth[self._names[m]] = 0
 
@@ -523,7 +538,20 @@ class Server:
         if self._idle is not None and not self._busy and not any(self._queues) and not in_flight:
             self._idle.set()
 
-    async def _run_batch(self, m: int, exit: int, tasks: list[_Task]) -> None:
+    def _offload_context(self) -> OffloadContext:
+        """What the offloader may use of this Server: the task book and a few callbacks."""
+        return OffloadContext(
+            book=self._book,
+            models=self._names,
+            manifests=tuple(self._manifests),
+            latency=lambda: self.latency_model,
+            free_at=self._free_at,
+            wake=self._wake,
+            finish=self._finish,
+            changed=self._sync_depths,
+        )
+
+    async def _run_batch(self, m: int, exit: int, tasks: list[Task]) -> None:
         assert self._executor is not None
         try:
             run = await self._executor.run(self._names[m], exit, [t.x for t in tasks])

@@ -12,7 +12,8 @@ u((w_k + delta_m) / D_k) and S_m is their sum (EdgeServing Eq. 4). Two exact eva
   deadline budgets (requests that carry their own) or the clip is off, where the prefix property
   or the bounded suffix sums no longer hold.
 
-Both agree with the per-task loop in reference.py to ~1e-12 relative (tests/test_scheduler_scoring.py).
+Both agree with the per-task loop in reference.py to ~1e-12 relative
+(tests/scheduler/test_scheduler_scoring.py).
 numpy's per-call overhead (~1 us) makes this slower than scoring_python below a few hundred tasks.
 """
 

@@ -1,6 +1,6 @@
 """A SYNTHETIC profile of the paper's setup (three early-exit ResNets on an RTX 3080), for `--paper-gpu`.
 
-Only the per-exit latencies at batch 5 survive in the paper's text (design.md), so the rest is a
+Only the per-exit latencies at batch 5 survive in the paper's text (see docs/scheduler.md), so the rest is a
 stated model, not a measurement:
 
 - batch scaling: affine, L(b) = L(5) * (8 + b) / 13, i.e. L(10) / L(1) = 2 (the paper: latency

@@ -1,0 +1,380 @@
+"""Server configuration: a TOML file or the same structure as a dict, checked before anything loads.
+
+Every mistake is a ConfigError naming the key path (`models.digits-m.slo_ms: ...`), and unknown
+keys are errors too, so a typo such as `slo_mss` cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeserve.config.checks import (
+    ConfigError,
+    choice,
+    no_unknown,
+    positive_int,
+    positive_number,
+    string,
+    table,
+)
+from edgeserve.config.upstreams import UpstreamConfig, parse_upstreams
+from edgeserve.logs import LOG_FORMATS, LOG_LEVELS
+from edgeserve.profile import QUANTILES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# Names only: the classes behind them live above config (runtime/backends/) and are imported lazily there.
+BACKEND_NAMES = ("onnxruntime", "tensorrt", "torch", "auto")
+PRECISIONS = ("fp32", "fp16")
+LATE_MODES = ("serve", "expire")
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_IN_FLIGHT = 64
+CHANNEL_ORDERS = ("rgb", "bgr", "gray")
+INTERPOLATIONS = ("bilinear", "nearest")
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """How a camera frame (uint8, height x width x channels) becomes the model's NCHW float32 input.
+
+    `channels` is the order the sender uses; the model is assumed to take RGB (or gray when it has
+    one input channel). `resize` defaults to the model's input height and width. Each value is
+    `(pixel * scale - mean[c]) / std[c]`; one-element mean/std apply to every channel.
+    """
+
+    input: str = "uint8-hwc"
+    resize: tuple[int, int] | None = None
+    interpolation: str = "bilinear"
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    channels: str = "rgb"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model: its deadline budget (SLO) and how many requests may wait for it."""
+
+    slo_ms: float
+    max_queue: int = DEFAULT_MAX_QUEUE
+    preprocess: PreprocessConfig | None = None
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    """Where `edgeserve serve` listens and the per-connection limits (see docs/protocol.md).
+
+    `tcp` is "host:port"; the host is 127.0.0.1 unless told otherwise. `token`, when set, must be
+    presented in every connection's hello.
+    """
+
+    unix: Path | None = None
+    unix_mode: int = 0o660
+    unix_group: str | None = None
+    tcp: tuple[str, int] | None = None
+    http: tuple[str, int] | None = None  # Open Inference Protocol (KServe v2) HTTP frontend
+    token: str | None = None
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Which backend runs the models; `threads` must match the profile's (it is in the fingerprint)."""
+
+    name: str = "onnxruntime"
+    threads: int | None = None
+    providers: tuple[str, ...] = ()
+    warmup: int = 3
+    precision: str = "fp32"  # which TensorRT engines to run
+    device: str | None = None  # torch: "cpu", "cuda" or "cuda:N"; TensorRT: "cuda:N" picks the GPU
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The policy and what to do with a task that can no longer meet its deadline.
+
+    late_tasks = "serve": run it anyway, answer `ok` with late=True (the paper's behaviour);
+    late_tasks = "expire": answer `expired` at once and spend the accelerator on tasks that can
+    still make it (lazy drop, as in Jellyfish). Both count a violation.
+    """
+
+    policy: str = ""  # empty: edgeserve.scheduler.DEFAULT_POLICY
+    quantile: str = "p95"
+    max_batch: int | None = None  # None: the profile's
+    urgency: str = "paper"
+    urgency_clip: float = 10.0
+    late_tasks: str = "serve"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint: `listen` is "host:port" (None: no endpoint), scraped at `path`."""
+
+    listen: tuple[str, int] | None = None
+    path: str = "/metrics"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Log level and line format; "auto" is logfmt without timestamps under journald, with them elsewhere."""
+
+    level: str = "info"
+    format: str = "auto"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs at start. Model order is the scheduler's tie-break order."""
+
+    models: Mapping[str, ModelConfig]
+    repository: Path = Path("engines")
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    shutdown_timeout_s: float = 5.0
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    upstreams: tuple[UpstreamConfig, ...] = ()  # docs/offload.md
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> ServerConfig:
+        """Read and check a TOML file; relative `repository` paths are relative to the file."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        config = cls.from_dict(data, origin=str(path))
+        if not config.repository.is_absolute():
+            config = _replace_repository(config, path.parent / config.repository)
+        unix = config.listen.unix
+        if unix is not None and not unix.is_absolute():
+            from dataclasses import replace
+
+            config = replace(config, listen=replace(config.listen, unix=path.parent / unix))
+        return config
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "config") -> ServerConfig:
+        """Check a plain dict shaped like the TOML file; ConfigError names the first bad key."""
+        try:
+            return _server(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
+
+
+def _replace_repository(config: ServerConfig, root: Path) -> ServerConfig:
+    from dataclasses import replace
+
+    return replace(config, repository=root)
+
+
+TOP_LEVEL_KEYS = (
+    "repository",
+    "shutdown_timeout_s",
+    "backend",
+    "scheduler",
+    "models",
+    "listen",
+    "metrics",
+    "logging",
+    "upstreams",
+)
+
+
+def _server(data: Mapping[str, Any]) -> ServerConfig:
+    data = table(data, "(top level)")
+    no_unknown(data, TOP_LEVEL_KEYS, "")
+    if "models" not in data:
+        raise ConfigError("models: missing; add a [models.<name>] table with slo_ms for each served model")
+    models_data = table(data["models"], "models")
+    if not models_data:
+        raise ConfigError("models: must name at least one model")
+    models = {str(name): _model(spec, f"models.{name}") for name, spec in models_data.items()}
+    repository = data.get("repository", "engines")
+    if not isinstance(repository, (str, Path)) or not str(repository):
+        raise ConfigError(f"repository: must be a path, got {repository!r}")
+    return ServerConfig(
+        models=models,
+        repository=Path(repository),
+        backend=_backend(data.get("backend", {})),
+        scheduler=_scheduler(data.get("scheduler", {})),
+        shutdown_timeout_s=positive_number(data.get("shutdown_timeout_s", 5.0), "shutdown_timeout_s"),
+        listen=_listen(data.get("listen", {})),
+        metrics=_metrics(data.get("metrics", {})),
+        logging=_logging(data.get("logging", {})),
+        upstreams=parse_upstreams(data.get("upstreams", []), models),
+    )
+
+
+def _model(data: Any, key: str) -> ModelConfig:
+    data = table(data, key)
+    no_unknown(data, ("slo_ms", "max_queue", "preprocess"), key)
+    if "slo_ms" not in data:
+        raise ConfigError(f"{key}.slo_ms: missing; give the model's deadline budget in milliseconds")
+    return ModelConfig(
+        slo_ms=positive_number(data["slo_ms"], f"{key}.slo_ms"),
+        max_queue=positive_int(data.get("max_queue", DEFAULT_MAX_QUEUE), f"{key}.max_queue"),
+        preprocess=None if "preprocess" not in data else _preprocess(data["preprocess"], f"{key}.preprocess"),
+    )
+
+
+def _numbers(value: Any, key: str, positive: bool = False) -> tuple[float, ...]:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    ok = bool(values) and all(
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (v > 0 or not positive)
+        for v in values
+    )
+    if not ok:
+        kind = "positive numbers" if positive else "numbers"
+        raise ConfigError(f"{key}: must be a number or a list of {kind}, got {value!r}")
+    return tuple(float(v) for v in values)
+
+
+def _preprocess(data: Any, key: str) -> PreprocessConfig:
+    data = table(data, key)
+    allowed = ("input", "resize", "interpolation", "scale", "mean", "std", "channels")
+    no_unknown(data, allowed, key)
+    resize = data.get("resize")
+    if resize is not None:
+        if not (isinstance(resize, (list, tuple)) and len(resize) == 2):
+            raise ConfigError(f"{key}.resize: must be [height, width], got {resize!r}")
+        resize = (positive_int(resize[0], f"{key}.resize[0]"), positive_int(resize[1], f"{key}.resize[1]"))
+    mean = _numbers(data.get("mean", 0.0), f"{key}.mean")
+    std = _numbers(data.get("std", 1.0), f"{key}.std", positive=True)
+    channels = choice(data.get("channels", "rgb"), f"{key}.channels", CHANNEL_ORDERS)
+    for name, values in (("mean", mean), ("std", std)):
+        if len(values) not in (1, 1 if channels == "gray" else 3):
+            raise ConfigError(f"{key}.{name}: must have 1 value or one per channel, got {len(values)}")
+    return PreprocessConfig(
+        input=choice(data.get("input", "uint8-hwc"), f"{key}.input", ("uint8-hwc",)),
+        resize=resize,
+        interpolation=choice(data.get("interpolation", "bilinear"), f"{key}.interpolation", INTERPOLATIONS),
+        scale=positive_number(data.get("scale", 1.0 / 255.0), f"{key}.scale"),
+        mean=mean,
+        std=std,
+        channels=channels,
+    )
+
+
+def _listen(data: Any) -> ListenConfig:
+    data = table(data, "listen")
+    allowed = ("unix", "unix_mode", "unix_group", "tcp", "http", "token", "max_frame_bytes", "max_in_flight")
+    no_unknown(data, allowed, "listen")
+    unix = data.get("unix")
+    if unix is not None:
+        unix = Path(string(unix, "listen.unix"))
+    mode_text = data.get("unix_mode", "0660")
+    if not isinstance(mode_text, str) or not re.fullmatch(r"0?[0-7]{3}", mode_text):
+        raise ConfigError(f'listen.unix_mode: must be an octal string such as "0660", got {mode_text!r}')
+    group = data.get("unix_group")
+    tcp = data.get("tcp")
+    if tcp is not None:
+        tcp = _host_port(tcp, "listen.tcp")
+    http = data.get("http")
+    if http is not None:
+        http = _host_port(http, "listen.http")
+    token = data.get("token")
+    return ListenConfig(
+        unix=unix,
+        unix_mode=int(mode_text, 8),
+        unix_group=None if group is None else string(group, "listen.unix_group"),
+        tcp=tcp,
+        http=http,
+        token=None if token is None else string(token, "listen.token"),
+        max_frame_bytes=positive_int(
+            data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
+        ),
+        max_in_flight=positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
+    )
+
+
+def _host_port(value: Any, key: str) -> tuple[str, int]:
+    """ "host:port" or ":port" (host 127.0.0.1); port 0 picks a free port."""
+    match = re.fullmatch(r"(.*):(\d+)", value) if isinstance(value, str) else None
+    if match is None or int(match.group(2)) > 65535:
+        raise ConfigError(f'{key}: must be "host:port" such as "127.0.0.1:7070", got {value!r}')
+    host = match.group(1).strip("[]") or "127.0.0.1"
+    return host, int(match.group(2))
+
+
+def _backend(data: Any) -> BackendConfig:
+    data = table(data, "backend")
+    no_unknown(data, ("name", "threads", "providers", "warmup", "precision", "device"), "backend")
+    threads = data.get("threads")
+    providers = data.get("providers", [])
+    if not isinstance(providers, (list, tuple)) or not all(isinstance(p, str) and p for p in providers):
+        raise ConfigError(f"backend.providers: must be a list of provider names, got {providers!r}")
+    return BackendConfig(
+        name=choice(data.get("name", "onnxruntime"), "backend.name", BACKEND_NAMES),
+        threads=None if threads is None else positive_int(threads, "backend.threads"),
+        providers=tuple(providers),
+        warmup=positive_int(data.get("warmup", 3), "backend.warmup", minimum=0),
+        precision=choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
+        device=None if data.get("device") is None else _device(data["device"]),
+    )
+
+
+def _device(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        raise ConfigError(f'backend.device: must be "cpu", "cuda" or "cuda:N", got {value!r}')
+    return value
+
+
+def _scheduler(data: Any) -> SchedulerConfig:
+    from edgeserve.scheduler.policies import POLICIES
+    from edgeserve.scheduler.urgency import URGENCY_FORMS
+
+    data = table(data, "scheduler")
+    allowed = ("policy", "quantile", "max_batch", "urgency", "urgency_clip", "late_tasks")
+    no_unknown(data, allowed, "scheduler")
+    policy = data.get("policy", "")
+    if policy:
+        choice(policy, "scheduler.policy", tuple(POLICIES))
+    max_batch = data.get("max_batch")
+    clip = data.get("urgency_clip", 10.0)
+    if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0):
+        raise ConfigError(f"scheduler.urgency_clip: must be a positive number, got {clip!r}")
+    return SchedulerConfig(
+        policy=str(policy),
+        quantile=choice(data.get("quantile", "p95"), "scheduler.quantile", QUANTILES),
+        max_batch=None if max_batch is None else positive_int(max_batch, "scheduler.max_batch"),
+        urgency=choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
+        urgency_clip=float(clip),
+        late_tasks=choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
+    )
+
+
+def _metrics(data: Any) -> MetricsConfig:
+    data = table(data, "metrics")
+    no_unknown(data, ("listen", "path"), "metrics")
+    listen = data.get("listen")
+    path = string(data.get("path", "/metrics"), "metrics.path")
+    if not path.startswith("/"):
+        raise ConfigError(f'metrics.path: must start with "/", got {path!r}')
+    return MetricsConfig(listen=None if listen is None else _host_port(listen, "metrics.listen"), path=path)
+
+
+def _logging(data: Any) -> LoggingConfig:
+    data = table(data, "logging")
+    no_unknown(data, ("level", "format"), "logging")
+    return LoggingConfig(
+        level=choice(data.get("level", "info"), "logging.level", LOG_LEVELS),
+        format=choice(data.get("format", "auto"), "logging.format", LOG_FORMATS),
+    )

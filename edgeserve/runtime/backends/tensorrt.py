@@ -1,0 +1,259 @@
+"""The TensorRT backend: one engine per stage, one execution context per (stage, batch size).
+
+Built by `edgeserve build-engines`; an engine that does not match this GPU, TensorRT version,
+precision or the manifest's ONNX is refused with the command that rebuilds it. At load, every
+buffer is allocated once at the largest batch (edgeserve.runtime.backends.buffer_plan), and each context
+gets its optimization profile, input shape and tensor addresses once; a call then only copies the
+batch into pinned memory, enqueues the stages back to back on the executor's one stream (features
+never leave the device) and copies the logits back. With `cuda_graphs`, each (stage, batch) is
+replayed as a captured CUDA graph. Execution contexts share one activation scratch buffer per
+model (they never run concurrently: one stream, one thread).
+
+GPU-only code: not executed by the test suite (no GPU or TensorRT there); its pure parts are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeserve.errors import InputError, RepositoryError
+from edgeserve.fingerprint import Fingerprint, jetson_power_state
+from edgeserve.manifest import Manifest
+from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backends.buffer_plan import BufferPlan, plan_buffers
+from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart
+from edgeserve.runtime.backends.engine_cache import BuildTarget, batch_sizes, engine_path, load_current_record
+from edgeserve.runtime.backends.tensorrt_build import detect_target, import_tensorrt
+from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
+
+
+@dataclass
+class _LoadedModel:
+    manifest: Manifest
+    plan: BufferPlan
+    engines: list[Any]
+    buffers: dict[str, DeviceBuffer]
+    scratch: DeviceBuffer
+    contexts: list[list[Any]]  # [stage][batch - 1]
+    graphs: dict[tuple[int, int], CudaGraph] = field(default_factory=dict)
+
+
+class TensorRTBackend:
+    """Runs a repository's prebuilt engines on one GPU. Owned by one thread (the executor's)."""
+
+    name = "tensorrt"
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        precision: str = "fp32",
+        device_id: int = 0,
+        cuda_graphs: bool = True,
+        warmup: int = 3,
+    ) -> None:
+        self.trt = import_tensorrt()
+        self.cudart = import_cudart()
+        self.repository = repository
+        self.device_id = device_id
+        self.cuda_graphs = cuda_graphs
+        self.warmup = warmup
+        check(self.cudart.cudaSetDevice(device_id), "cudaSetDevice")
+        self.target: BuildTarget = detect_target(precision, device_id)
+        self._logger = self.trt.Logger(self.trt.Logger.WARNING)
+        self._runtime = self.trt.Runtime(self._logger)
+        self._stream: Any = None  # created by the first load, on the thread that owns the backend
+        self._models: dict[str, _LoadedModel] = {}
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def load(self, manifest: Manifest) -> None:
+        """Deserialize the stage engines, allocate buffers, bind every (stage, batch), warm up, capture."""
+        if self._stream is None:
+            flags = self.cudart.cudaStreamNonBlocking
+            self._stream = check(self.cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags")
+        records = [
+            load_current_record(self.repository, manifest, k, self.target)
+            for k in range(len(manifest.stages))
+        ]
+        max_batch = min(max(r.batch_sizes) for r in records)
+        fix = f"rebuild with `edgeserve build-engines --model {manifest.name} --force`"
+        if any(r.batch_sizes[:max_batch] != batch_sizes(max_batch) for r in records):
+            raise RepositoryError(f"{manifest.name}: engines must have profiles for batches 1..N; {fix}")
+        plan = plan_buffers(manifest, max_batch)
+        engines = []
+        for k in range(len(manifest.stages)):
+            path = engine_path(self.repository, manifest.name, self.target, k)
+            engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is None:
+                raise RepositoryError(f"{path}: TensorRT cannot deserialize this engine; {fix}")
+            _check_engine_io(self.trt, engine, plan, k, path, fix)
+            engines.append(engine)
+        if manifest.name in self._models:  # reloading: the old engines and buffers go first
+            self._release(self._models.pop(manifest.name))
+        buffers = {a.name: DeviceBuffer(self.cudart, a.nbytes, a.dtype, a.host) for a in plan.allocations}
+        scratch = DeviceBuffer(self.cudart, max(_scratch_bytes(e) for e in engines), "uint8", host=False)
+        loaded = _LoadedModel(manifest, plan, engines, buffers, scratch, contexts=[])
+        try:
+            for k, engine in enumerate(engines):
+                loaded.contexts.append(self._bind_contexts(engine, plan, k, buffers, scratch))
+            check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+            self._warm_up_and_capture(loaded)
+        except BaseException:
+            self._release(loaded)
+            raise
+        self._models[manifest.name] = loaded
+
+    def _bind_contexts(
+        self,
+        engine: Any,
+        plan: BufferPlan,
+        stage: int,
+        buffers: dict[str, DeviceBuffer],
+        scratch: DeviceBuffer,
+    ) -> list[Any]:
+        """One context per batch size: profile, input shape and addresses are set here, once."""
+        strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        contexts = []
+        for batch in range(1, plan.max_batch + 1):
+            bindings = plan.bindings(stage, batch)
+            context = engine.create_execution_context(strategy)
+            if hasattr(context, "set_device_memory"):  # TensorRT >= 10.1: pointer and size
+                context.set_device_memory(scratch.device, scratch.nbytes)
+            else:
+                context.device_memory = scratch.device
+            context.set_optimization_profile_async(bindings.profile, int(self._stream))
+            for b in bindings.bindings:
+                if b.is_input:
+                    context.set_input_shape(b.tensor, b.shape)
+                context.set_tensor_address(b.tensor, buffers[b.allocation].device)
+            contexts.append(context)
+        return contexts
+
+    def _warm_up_and_capture(self, loaded: _LoadedModel) -> None:
+        """TensorRT needs one real enqueue per context before capture; the warm-up provides it."""
+        last_stage = len(loaded.manifest.stages) - 1
+        for _ in range(max(self.warmup, 1)):
+            for batch in range(1, loaded.plan.max_batch + 1):
+                self._enqueue(loaded, last_stage, batch)
+        check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+        if not self.cuda_graphs:
+            return
+        for stage, per_batch in enumerate(loaded.contexts):
+            for batch, context in enumerate(per_batch, start=1):
+
+                def work(context: Any = context) -> None:
+                    if not context.execute_async_v3(int(self._stream)):
+                        raise RuntimeError("execute_async_v3 failed during CUDA graph capture")
+
+                loaded.graphs[(stage, batch)] = CudaGraph.capture(self.cudart, self._stream, work)
+
+    @property
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    # -- inference ---------------------------------------------------------------------------------
+
+    def _enqueue(self, loaded: _LoadedModel, last_stage: int, batch: int) -> None:
+        for stage in range(last_stage + 1):
+            graph = loaded.graphs.get((stage, batch))
+            if graph is not None:
+                graph.launch(self._stream)
+            elif not loaded.contexts[stage][batch - 1].execute_async_v3(int(self._stream)):
+                raise RuntimeError(f"{loaded.manifest.name}: TensorRT failed to enqueue stage {stage}")
+
+    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+        """Logits (batch, num_classes) at exit `exit`, stages chained on the device."""
+        loaded = self._loaded(model)
+        manifest = loaded.manifest
+        exit = validate_exit(manifest, exit)
+        batch = validate_batch(manifest, batch)
+        n = batch.shape[0]
+        if n > loaded.plan.max_batch:
+            raise InputError(
+                f"model {model!r}: batch of {n} exceeds the engines' largest batch {loaded.plan.max_batch}; "
+                f"split it or rebuild with `edgeserve build-engines --model {model} --max-batch {n} --force`"
+            )
+        last = manifest.exits[exit].stage
+        source = loaded.buffers["input"]
+        assert source.host is not None
+        source.host[: batch.size] = batch.reshape(-1)
+        source.upload(loaded.plan.bindings(0, n).binding(manifest.stages[0].input.name).nbytes, self._stream)
+        self._enqueue(loaded, last, n)
+        logits_spec = manifest.stages[last].logits
+        assert logits_spec is not None
+        out = loaded.buffers[f"stage{last}.logits"]
+        nbytes = loaded.plan.bindings(last, n).binding(logits_spec.name).nbytes
+        out.download(nbytes, self._stream)
+        check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+        assert out.host is not None
+        count = n * int(np.prod(logits_spec.shape))
+        return out.host[:count].reshape(n, *logits_spec.shape).astype(np.float32, copy=True)
+
+    def _loaded(self, model: str) -> _LoadedModel:
+        return loaded_model(self._models, model)
+
+    # -- identity ----------------------------------------------------------------------------------
+
+    def _release(self, loaded: _LoadedModel) -> None:
+        """Graphs, then contexts, then engines, then the memory they were bound to."""
+        check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+        for graph in loaded.graphs.values():
+            graph.free()
+        loaded.graphs.clear()
+        loaded.contexts.clear()
+        loaded.engines.clear()
+        for buffer in loaded.buffers.values():
+            buffer.free()
+        loaded.scratch.free()
+
+    def fingerprint(self) -> Fingerprint:
+        extra = {
+            "precision": self.target.precision,
+            "compute_capability": self.target.compute_capability,
+            "cuda_graphs": str(self.cuda_graphs).lower(),
+            **jetson_power_state(),
+        }
+        return Fingerprint(
+            backend=self.name,
+            device=self.target.device,
+            versions={"tensorrt": self.target.trt_version},
+            extra=extra,
+        )
+
+    def close(self) -> None:
+        """Free graphs, contexts, buffers and the stream; a later `load` starts afresh."""
+        if self._stream is None:
+            return
+        for loaded in self._models.values():
+            self._release(loaded)
+        self._models.clear()
+        check(self.cudart.cudaStreamDestroy(self._stream), "cudaStreamDestroy")
+        self._stream = None
+
+
+def _scratch_bytes(engine: Any) -> int:
+    """Activation memory the largest profile of `engine` needs (per-profile query on TensorRT >= 10.1)."""
+    if hasattr(engine, "get_device_memory_size_for_profile_v2"):
+        return max(
+            engine.get_device_memory_size_for_profile_v2(p) for p in range(engine.num_optimization_profiles)
+        )
+    return int(engine.device_memory_size)
+
+
+def _check_engine_io(trt: Any, engine: Any, plan: BufferPlan, stage: int, path: Any, fix: str) -> None:
+    """The engine must take and give the tensors the manifest (and so the buffer plan) names."""
+    names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
+    wanted = plan.bindings(stage, 1).bindings
+    if names != {b.tensor for b in wanted}:
+        raise RepositoryError(
+            f"{path}: engine tensors {sorted(names)} differ from the manifest's "
+            f"{sorted(b.tensor for b in wanted)}; {fix}"
+        )
+    for b in wanted:
+        is_input = engine.get_tensor_mode(b.tensor) == trt.TensorIOMode.INPUT
+        if is_input != b.is_input:
+            raise RepositoryError(f"{path}: tensor {b.tensor!r} has the wrong direction; {fix}")

@@ -1,0 +1,104 @@
+"""The task book: every request the Server holds, queued or running, and its per-model FIFO queues.
+
+The Server and its offloader share this one object instead of each other's members: the queues
+are what the scheduler and the offload planner read, `open` maps an id to its task until it is
+answered, and `answer` is the single place that makes "exactly one answer per task" true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeserve.runtime.results import Result
+from edgeserve.scheduler import TaskQueue
+
+
+@dataclass(eq=False)
+class Task:
+    """One request inside the Server; `deadline` is absolute on time.monotonic()."""
+
+    id: int
+    model: int
+    x: np.ndarray
+    future: asyncio.Future[Result]
+    queued: float
+    deadline: float
+    dispatch: float = math.nan  # when its batch was picked (or sent upstream); nan while queued
+
+
+class TaskBook:
+    """Queued and running tasks of one Server, on its loop thread only (no locks)."""
+
+    def __init__(self, models: int) -> None:
+        self.queues: list[TaskQueue] = [TaskQueue() for _ in range(models)]
+        self.open: dict[int, Task] = {}  # not answered yet: queued, running locally or upstream
+        self.closed = False  # shutting down: nothing goes back into a queue
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self.open)
+
+    def queued(self) -> bool:
+        """Some queue holds a task."""
+        return any(self.queues)
+
+    def add(
+        self, model: int, x: np.ndarray, future: asyncio.Future[Result], now: float, budget: float
+    ) -> Task:
+        """Queue a new task at the tail of its model's queue."""
+        task = Task(self._next_id, model, x, future, now, now + budget)
+        self._next_id += 1
+        self.queues[model].push(task.id, now, budget)
+        self.open[task.id] = task
+        return task
+
+    def take(self, model: int, ids: Iterable[int], now: float) -> list[Task]:
+        """Remove these queued ids from the queue and mark them dispatched at `now` (they stay open)."""
+        tasks = [self.open[i] for i in self.queues[model].remove(list(ids)).tolist()]
+        for task in tasks:
+            task.dispatch = now
+        return tasks
+
+    def pop(self, model: int, n: int, now: float) -> list[Task]:
+        """The first `n` tasks of the queue, dispatched at `now` (a local batch)."""
+        tasks = [self.open[i] for i in self.queues[model].pop(n).tolist()]
+        for task in tasks:
+            task.dispatch = now
+        return tasks
+
+    def drop(self, model: int, ids: Iterable[int]) -> list[Task]:
+        """Remove these ids from the queue without dispatching them (they are about to be answered)."""
+        return [self.open[i] for i in self.queues[model].remove(list(ids)).tolist()]
+
+    def drain(self, model: int) -> list[Task]:
+        """Empty one queue."""
+        queue = self.queues[model]
+        return [self.open[i] for i in queue.pop(len(queue)).tolist()]
+
+    def requeue(self, tasks: Iterable[Task]) -> list[Task]:
+        """Put dispatched tasks back in their queues by arrival, keeping their deadlines; the ones
+        already answered (e.g. at shutdown), or all of them once the book is closed, are skipped."""
+        if self.closed:
+            return []
+        back = [t for t in tasks if t.id in self.open]
+        for task in back:
+            task.dispatch = math.nan
+            self.queues[task.model].insert(task.id, task.queued, task.deadline - task.queued)
+        return back
+
+    def withdraw(self, task: Task) -> bool:
+        """Forget a queued task whose caller gave up; False if it is running or already answered."""
+        if task.id not in self.open or not math.isnan(task.dispatch):
+            return False
+        self.queues[task.model].remove([task.id])
+        del self.open[task.id]
+        return True
+
+    def answer(self, task: Task) -> bool:
+        """Close the task's entry; True only the first time, so a task is answered exactly once."""
+        return self.open.pop(task.id, None) is not None

@@ -1,0 +1,289 @@
+"""`edgeserve install-service`: install edgeserve as a systemd service on this box.
+
+The plan is a list of steps (write a file, run a command, or a note), printed by --dry-run and
+carried out otherwise, so what the dry run shows is exactly what would happen. --root DIR writes
+the files under DIR (tests, image builds) and skips the steps that change the running system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import os
+import pwd
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from edgeserve.errors import EdgeServeError
+
+SERVICE = "edgeserve"
+USER = "edgeserve"
+UNIT_PATH = Path("/etc/systemd/system/edgeserve.service")
+CONFIG_PATH = Path("/etc/edgeserve/config.toml")
+GPU_GROUPS = ("video", "render")
+HIDDEN_BY_PROTECT_HOME = (Path("/home"), Path("/root"), Path("/run/user"))
+
+EPILOG = """\
+steps (each printed as it runs):
+  1. write /etc/systemd/system/edgeserve.service (ExecStart = this environment's edgeserve)
+  2. write /etc/edgeserve/config.toml from the example, unless a config is already there
+  3. create the system user edgeserve (no home, no shell) in the video/render groups
+  4. create the repository directory named in the config and give it to that user
+  5. systemctl daemon-reload; systemctl enable --now edgeserve
+
+examples:
+  edgeserve install-service --dry-run          # print every step and file, change nothing
+  sudo edgeserve install-service               # install, enable and start
+  sudo edgeserve install-service --no-start    # install and enable; start it later
+  edgeserve install-service --root image/      # write the files under image/ (no useradd/systemctl)
+
+Then: edgeserve doctor; journalctl -u edgeserve -f. Details: systemd/README.md.
+"""
+
+
+class InstallError(EdgeServeError):
+    """The service cannot be installed as asked; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing install-service does: write `content` to `path`, run `command`, or just say `note`."""
+
+    what: str
+    path: Path | None = None
+    content: str | None = None
+    mode: int = 0o644
+    command: tuple[str, ...] = ()
+    note: str | None = None
+
+    def describe(self, show_content: bool = True) -> str:
+        if self.path is not None and self.content is not None:
+            head = f"write {self.path} (mode {self.mode:04o}): {self.what}"
+            if not show_content:
+                return head
+            body = "".join(f"    | {line}\n" for line in self.content.splitlines())
+            return f"{head}\n{body.rstrip()}"
+        if self.command:
+            return f"run   {shlex.join(self.command)}    # {self.what}"
+        return f"note  {self.what}" + (f": {self.note}" if self.note else "")
+
+
+def template_dir() -> Path:
+    """The unit template and the example config, shipped as the package edgeserve.systemd."""
+    from importlib.resources import files
+
+    here = Path(str(files("edgeserve.systemd")))
+    if not (here / "edgeserve.service").is_file():
+        raise InstallError(
+            f"{here}: the unit template is not there; reinstall edgeserve (pip install --force-reinstall "
+            "edgeserve) or copy systemd/ from the source repository"
+        )
+    return here
+
+
+def edgeserve_executable() -> Path:
+    """The `edgeserve` script of the running interpreter's environment (else the one on PATH)."""
+    beside = Path(sys.executable).parent / "edgeserve"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside.absolute()
+    found = shutil.which("edgeserve")
+    if found is None:
+        raise InstallError(
+            "no `edgeserve` executable next to this Python or on PATH; install the package first: "
+            "python3 -m venv /opt/edgeserve && /opt/edgeserve/bin/pip install <edgeserve checkout>"
+        )
+    return Path(found).absolute()
+
+
+def render_unit(template: str, executable: Path, config: Path = CONFIG_PATH) -> str:
+    """The unit with ExecStart pointing at `executable`."""
+    exec_start = f"ExecStart={shlex.quote(str(executable))} serve --config {shlex.quote(str(config))}"
+    rendered, n = re.subn(r"^ExecStart=.*$", exec_start, template, count=1, flags=re.MULTILINE)
+    if n != 1:
+        raise InstallError("the unit template has no ExecStart= line; restore systemd/edgeserve.service")
+    return rendered
+
+
+def repository_of(config_text: str, config_path: Path) -> Path:
+    """The repository the config serves from (relative paths are relative to the config file)."""
+    from edgeserve.config.server import tomllib
+
+    try:
+        value = tomllib.loads(config_text).get("repository", "engines")
+    except tomllib.TOMLDecodeError as exc:
+        raise InstallError(f"{config_path}: not valid TOML ({exc}); fix it, then run again") from None
+    path = Path(str(value))
+    return path if path.is_absolute() else config_path.parent / path
+
+
+def _under(root: Path, path: Path) -> Path:
+    return root / path.relative_to("/") if path.is_absolute() else root / path
+
+
+def user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def existing_groups(names: tuple[str, ...]) -> list[str]:
+    out = []
+    for name in names:
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            continue
+        out.append(name)
+    return out
+
+
+def plan(
+    *,
+    root: Path | None,
+    executable: Path,
+    templates: Path,
+    start: bool = True,
+) -> list[Step]:
+    """Every step, in order. `root` set: files under it, system-changing steps become notes."""
+    base = root if root is not None else Path("/")
+    steps: list[Step] = []
+    for hidden in HIDDEN_BY_PROTECT_HOME:
+        if executable.is_relative_to(hidden):
+            steps.append(
+                Step(
+                    "warning",
+                    note=f"{executable} is under {hidden}, which ProtectHome=yes hides from the service; "
+                    "install edgeserve elsewhere (python3 -m venv /opt/edgeserve && "
+                    "/opt/edgeserve/bin/pip install <checkout>) and run its install-service",
+                )
+            )
+    unit = render_unit((templates / "edgeserve.service").read_text(), executable)
+    steps.append(Step("the systemd unit", path=_under(base, UNIT_PATH), content=unit))
+    config_file = _under(base, CONFIG_PATH)
+    if config_file.exists():
+        config_text = config_file.read_text()
+        steps.append(Step(f"keep the existing {config_file}", note="never overwritten; edit it by hand"))
+    else:
+        config_text = (templates / "config.toml").read_text()
+        steps.append(Step("the example config", path=config_file, content=config_text, mode=0o640))
+    repository = repository_of(config_text, CONFIG_PATH)
+    groups = existing_groups(GPU_GROUPS)
+    useradd = (
+        "useradd",
+        "--system",
+        "--no-create-home",
+        "--home-dir",
+        "/var/lib/edgeserve",
+        "--shell",
+        "/usr/sbin/nologin",
+        "--user-group",
+        *(("--groups", ",".join(groups)) if groups else ()),
+        USER,
+    )
+    system_steps: list[Step] = []
+    if user_exists(USER):
+        steps.append(Step(f"user {USER} exists", note="not created again"))
+        if groups:
+            system_steps.append(
+                Step("GPU device groups for the user", command=("usermod", "-aG", ",".join(groups), USER))
+            )
+    else:
+        system_steps.append(Step("the service user, in the GPU groups that exist here", command=useradd))
+    system_steps += [
+        Step("the model repository", command=("mkdir", "-p", str(repository))),
+        Step(
+            "the service user owns the repository", command=("chown", "-R", f"{USER}:{USER}", str(repository))
+        ),
+        Step("config readable by the service user", command=("chgrp", USER, str(CONFIG_PATH))),
+        Step("systemd reads the new unit", command=("systemctl", "daemon-reload")),
+        Step(
+            "enable at boot" + (" and start now" if start else " (not started: --no-start)"),
+            command=("systemctl", "enable", *(("--now",) if start else ()), SERVICE),
+        ),
+    ]
+    if root is None:
+        return steps + system_steps
+    skipped = "; ".join(shlex.join(s.command) for s in system_steps)
+    steps.append(
+        Step("skipped under --root (run on the target system)", note=skipped),
+    )
+    return steps
+
+
+def execute(steps: list[Step], out: TextIO | None = None) -> None:
+    """Carry the steps out, printing each; a failing command stops with its output."""
+    stream = sys.stdout if out is None else out
+    for step in steps:
+        print(step.describe(show_content=False), file=stream, flush=True)
+        if step.path is not None and step.content is not None:
+            step.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = step.path.with_name(step.path.name + ".tmp")
+            tmp.write_text(step.content)
+            tmp.chmod(step.mode)
+            tmp.replace(step.path)
+        elif step.command:
+            done = subprocess.run(step.command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise InstallError(
+                    f"`{shlex.join(step.command)}` failed ({done.returncode}): "
+                    f"{(done.stderr or done.stdout).strip()}"
+                )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.root is None and not args.dry_run and os.geteuid() != 0:
+        raise InstallError(
+            "install-service changes /etc, users and systemd: run it as root (sudo edgeserve "
+            "install-service), or see what it would do with --dry-run, or write under a directory with --root"
+        )
+    steps = plan(
+        root=args.root,
+        executable=args.executable or edgeserve_executable(),
+        templates=template_dir(),
+        start=not args.no_start,
+    )
+    if args.dry_run:
+        print("dry run: nothing is changed; these are the steps:")
+        for step in steps:
+            print(step.describe())
+        return 0
+    execute(steps)
+    if args.root is None:
+        print(f"installed; check it with `edgeserve doctor` and `systemctl status {SERVICE}`")
+    else:
+        print(f"files written under {args.root}")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "install-service",
+        help="install edgeserve as a systemd service (unit, config, user)",
+        description="Write the systemd unit and the example config, create the service user, "
+        "give it the model repository and enable the service. Needs root unless --dry-run or --root.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print each step and file; change nothing")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="write the files under this directory and skip useradd/chown/systemctl (for image builds)",
+    )
+    parser.add_argument("--no-start", action="store_true", help="enable the service but do not start it")
+    parser.add_argument(
+        "--executable",
+        type=Path,
+        default=None,
+        help="the edgeserve binary ExecStart runs (default: the one of this Python environment)",
+    )
+    parser.set_defaults(func=run)

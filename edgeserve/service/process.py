@@ -1,0 +1,93 @@
+"""A Server behind its socket listeners: what `edgeserve serve` runs, usable in-process too.
+
+    async with NetServer(config) as net:
+        print(net.urls)          # ["unix:///run/edgeserve.sock", "tcp://127.0.0.1:7070"]
+        await stop_event.wait()
+
+Closing stops accepting first, then lets the Server answer what is in flight (Server.close),
+writes those answers, closes the connections and removes the UNIX socket file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from edgeserve.config.server import ServerConfig
+from edgeserve.metrics.endpoint import MetricsEndpoint
+from edgeserve.net.frontend import Frontend
+from edgeserve.net.listeners import Listeners, open_listeners, require_listener
+from edgeserve.oip.frontend import OipFrontend
+from edgeserve.runtime import BackendFactory, Server, load_config
+
+
+class NetServer:
+    """Server + Frontend + Listeners with one lifecycle."""
+
+    def __init__(
+        self,
+        config: ServerConfig | Mapping[str, Any] | str | Path,
+        *,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
+        self.config = load_config(config)
+        self.server = Server(self.config, backend_factory=backend_factory)
+        self.frontend = Frontend(self.server, self.config.listen)
+        self.listeners: Listeners | None = None
+        # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
+        self.oip = None if self.config.listen.http is None else OipFrontend(self.server, self.config.listen)
+        self.metrics: MetricsEndpoint | None = None  # started when [metrics] listen is set
+
+    @property
+    def urls(self) -> list[str]:
+        urls = [] if self.listeners is None else list(self.listeners.urls)
+        return urls + ([self.oip.url] if self.oip is not None and self.oip.url else [])
+
+    @property
+    def metrics_url(self) -> str | None:
+        """http://host:port/metrics once started with a [metrics] listen address, else None."""
+        return None if self.metrics is None else self.metrics.url
+
+    async def start(self) -> NetServer:
+        require_listener(self.config.listen)
+        await self.server.start()
+        try:
+            if self.config.metrics.listen is not None:
+                stats = {"socket": self.frontend.stats}
+                if self.oip is not None:
+                    stats["http"] = self.oip.stats
+                endpoint = MetricsEndpoint(self.server, self.config.metrics, stats)
+                self.metrics = await endpoint.start()
+            self.listeners = await open_listeners(self.frontend, self.config.listen)
+            if self.oip is not None:
+                await self.oip.start()
+        except BaseException:
+            if self.listeners is not None:
+                await self.listeners.close()
+            if self.metrics is not None:
+                await self.metrics.close()
+            await self.server.close(0)
+            raise
+        return self
+
+    async def close(self) -> None:
+        if self.listeners is not None:
+            await self.listeners.close()
+        if self.oip is not None:
+            await self.oip.stop_accepting()
+        await self.server.close()
+        await self.frontend.drain(timeout=2.0)  # the answers' tasks write before connections close
+        self.frontend.close_all()
+        if self.listeners is not None:
+            await self.listeners.wait_closed()
+        if self.oip is not None:  # after Server.close: every in-flight HTTP request has its answer
+            await self.oip.close()
+        if self.metrics is not None:  # last, so a scrape during shutdown still answers
+            await self.metrics.close()
+
+    async def __aenter__(self) -> NetServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

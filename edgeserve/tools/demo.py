@@ -1,0 +1,263 @@
+"""The main job on the embedded default (CPU, ONNX Runtime), as README command 1 runs it.
+
+Each step is the public command a user would type, printed before it runs, so the demo doubles as a
+walk-through: export, profile (both cached: a second run re-uses the exported models and the measured
+profiles), then `edgeserve serve` on a UNIX socket and an Open Inference Protocol HTTP port,
+`edgeserve bench` against each, a scrape of the Prometheus endpoint, and a SIGTERM that stops the
+server cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeserve.net.listeners import free_port
+from edgeserve.service.serve_cli import ready_urls
+
+DEMO_MODELS = ("digits-s", "digits-m", "digits-l")
+DEMO_SLO_MS = {"digits-s": 5.0, "digits-m": 8.0, "digits-l": 10.0}  # final exits take 0.1-0.4 ms at batch 1
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    argv: list[str]
+
+
+def steps(repository: Path, plot: Path, force: bool) -> list[Step]:
+    models = [arg for m in DEMO_MODELS for arg in ("--model", m)]
+    eval_data = repository / "digits-test.npz"
+    bindir = Path(sys.executable).parent
+    again = ["--force"] if force else []
+    return [
+        Step(
+            "export the three early-exit digits CNNs to per-stage ONNX (verified against torch)",
+            [
+                str(bindir / "edgeserve"),
+                "export",
+                "--demo",
+                "--repository",
+                str(repository),
+                "--eval-data-out",
+                str(eval_data),
+                *again,
+            ],
+        ),
+        Step(
+            "profile every (model, exit, batch 1..10) cell; measure per-exit accuracy through ONNX Runtime",
+            [
+                str(bindir / "edgeserve-profile"),
+                *models,
+                "--repository",
+                str(repository),
+                "--eval",
+                str(eval_data),
+                "--plot",
+                str(plot),
+                "--threads",
+                "1",
+                *again,
+            ],
+        ),
+    ]
+
+
+def write_serve_config(
+    path: Path, repository: Path, socket_path: Path, http_port: int, metrics_port: int
+) -> None:
+    """The demo's server: the three digits models on one ONNX Runtime thread, a UNIX socket, the
+    Open Inference Protocol on `http_port` and Prometheus metrics on `metrics_port`."""
+    lines = [
+        f"repository = {json.dumps(str(repository.resolve()))}",
+        "shutdown_timeout_s = 5.0",
+        "[backend]",
+        'name = "onnxruntime"',
+        "threads = 1",
+        "[listen]",
+        f"unix = {json.dumps(str(socket_path))}",
+        'unix_mode = "0600"',
+        f'http = "127.0.0.1:{http_port}"',
+        "[metrics]",
+        f'listen = "127.0.0.1:{metrics_port}"',
+    ]
+    for model in DEMO_MODELS:
+        lines += [f"[models.{model}]", f"slo_ms = {DEMO_SLO_MS[model]}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _show(number: int, title: str, argv: list[str], background: bool = False) -> None:
+    command = shlex.join([Path(argv[0]).name, *argv[1:]]) + (" &" if background else "")
+    print(f"\n== {number}. {title}\n$ {command}", flush=True)
+
+
+def _wait_ready(server: subprocess.Popen[str], timeout: float) -> str | None:
+    """The ready line from the server's stdout, or None if it exits or times out first."""
+    found: list[str] = []
+
+    def read() -> None:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if ready_urls(line) is not None:
+                found.append(line.strip())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+HTTP_DEMO_RATE = 300.0  # requests/s over HTTP: each costs ~1 ms of Python on a shared 2-core box
+METRICS_SHOWN = (
+    "edgeserve_requests_total",
+    "edgeserve_deadline_violations_total",
+    "edgeserve_exit_total",
+    "edgeserve_executor_utilization",
+    "edgeserve_frontend_requests_total",
+)
+
+
+def _bench(number: int, what: str, target: str, out: Path, rate: float, duration: float, name: str) -> int:
+    bindir = Path(sys.executable).parent
+    bench = [
+        str(bindir / "edgeserve"),
+        "bench",
+        "--target",
+        target,
+        "--total-rate",
+        f"{rate:g}",
+        "--duration",
+        f"{duration:g}",
+        "--warmup",
+        "2",
+        "--csv",
+        str(out / f"{name}.csv"),
+        "--plot",
+        str(out / f"{name}.png"),
+    ]
+    _show(number, f"drive Poisson traffic (3:2:1) over {what} and report deadline violations", bench)
+    t0 = time.perf_counter()
+    code = subprocess.call(bench)
+    print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return code
+
+
+def _show_metrics(number: int, url: str) -> None:
+    """What a Prometheus scrape sees after both runs (docs/metrics.md lists every metric)."""
+    pattern = "|".join(METRICS_SHOWN)
+    print(f"\n== {number}. scrape the Prometheus endpoint\n$ curl -s {url} | grep -E '^({pattern})'")
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(METRICS_SHOWN) and not line.endswith(" 0") and not line.endswith(" 0.0"):
+            print(f"   {line}")
+    print("   (the server counts every request since it started, the benches' warm-up seconds included)")
+
+
+def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float, duration: float) -> int:
+    """Start `edgeserve serve`, drive it with `edgeserve bench`, stop it with SIGTERM."""
+    bindir = Path(sys.executable).parent
+    config = out / "demo-serve.toml"
+    socket_dir = Path(tempfile.mkdtemp(prefix="edgeserve-demo-"))  # short path: UNIX socket names are limited
+    socket_path = socket_dir / "edgeserve.sock"
+    http_port, metrics_port = free_port(), free_port()
+    write_serve_config(config, repository, socket_path, http_port, metrics_port)
+    log_path = out / "demo-serve.log"
+    serve = [str(bindir / "edgeserve"), "serve", "--config", str(config)]
+    _show(number, f"start the server: UNIX socket, HTTP, metrics (log: {log_path})", serve, background=True)
+    with log_path.open("w") as log:
+        server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        ready = _wait_ready(server, READY_TIMEOUT_S)
+        if ready is None:
+            print(
+                f"demo: no ready line from the server within {READY_TIMEOUT_S:.0f} s; see {log_path}",
+                file=sys.stderr,
+            )
+            return 1
+        print(ready, flush=True)
+        code = _bench(
+            number + 1, "the UNIX socket", f"unix://{socket_path}", out, total_rate, duration, "bench"
+        )
+        if code == 0:
+            http_rate = min(total_rate, HTTP_DEMO_RATE)
+            target = f"http://127.0.0.1:{http_port}"
+            code = _bench(
+                number + 2,
+                "Open Inference Protocol (HTTP)",
+                target,
+                out,
+                http_rate,
+                duration / 2,
+                "bench-http",
+            )
+        if code == 0:
+            _show_metrics(number + 3, f"http://127.0.0.1:{metrics_port}/metrics")
+        return code
+    finally:
+        print(f"\n== {number + 4}. stop the server\n$ kill -TERM {server.pid}", flush=True)
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        print(f"server exited with code {server.returncode}; socket removed: {not socket_path.exists()}")
+        if not socket_path.exists():
+            socket_dir.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edgeserve.demo", description=__doc__)
+    parser.add_argument(
+        "--repository", type=Path, default=Path(os.environ.get("EDGESERVE_REPOSITORY", "engines"))
+    )
+    parser.add_argument("--plot", type=Path, default=Path("out/profile.png"))
+    parser.add_argument("--force", action="store_true", help="re-export and re-profile even if cached")
+    parser.add_argument(
+        "--total-rate", type=float, default=1000.0, help="requests/s over the three models (default 1000)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="measured seconds of traffic (default 10)"
+    )
+    args = parser.parse_args(argv)
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    all_steps = steps(args.repository, args.plot, args.force)
+    for number, step in enumerate(all_steps, start=1):
+        _show(number, step.title, step.argv)
+        t0 = time.perf_counter()
+        code = subprocess.call(step.argv)
+        if code != 0:
+            print(f"demo: step {number} failed with exit code {code}", file=sys.stderr)
+            return code
+        print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+    code = serve_and_bench(
+        len(all_steps) + 1, args.repository, args.plot.parent, args.total_rate, args.duration
+    )
+    if code != 0:
+        print(f"demo: serving failed with exit code {code}", file=sys.stderr)
+        return code
+    print(
+        f"\ndemo finished in {time.perf_counter() - started:.1f} s; plots: {args.plot} (profile), "
+        f"{args.plot.parent / 'bench.png'}, {args.plot.parent / 'bench-http.png'} (latency, exit mix)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

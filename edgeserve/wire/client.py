@@ -1,0 +1,297 @@
+"""Python clients for `edgeserve serve`: AsyncClient (pipelined) and BlockingClient.
+
+    async with await AsyncClient.connect("unix:///run/edgeserve.sock") as client:
+        replies = await asyncio.gather(*(client.infer("digits-m", x) for x in xs))
+
+    with BlockingClient("tcp://127.0.0.1:7070", token="...") as client:
+        reply = client.infer("digits-m", x, deadline_ms=20)
+
+Requests are written as soon as they are made; one reader task resolves each request's future
+by id, so answers may arrive in any order. If the connection drops, every waiting call raises
+ConnectionError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import numpy as np
+
+from edgeserve.errors import EdgeServeError
+from edgeserve.loop import new_event_loop
+from edgeserve.wire.frames import HEADER, PROTOCOL_VERSION, ProtocolError, decode_body, encode_frame
+from edgeserve.wire.tensors import decode_tensor, encode_tensor
+
+T = TypeVar("T")
+CLIENT_MAX_FRAME = 256 * 1024 * 1024
+
+
+class ServerRefused(EdgeServeError, ConnectionError):
+    """The server sent an error message (bad hello, wrong token, broken frame) and closed."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request's answer as the server sent it (docs/protocol.md, "result")."""
+
+    id: int
+    status: str
+    model: str
+    output: np.ndarray | None = None
+    exit_index: int | None = None
+    exit_name: str | None = None
+    expected_accuracy: float | None = None
+    late: bool = False
+    timings: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    error: str | None = None
+    served_by: str = "local"  # or the name of the upstream that computed the output (docs/offload.md)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Reply:
+        exit_info = message.get("exit") or {}
+        output = message.get("output")
+        return cls(
+            id=message["id"],
+            status=message["status"],
+            model=message.get("model", ""),
+            output=None if output is None else decode_tensor(output),
+            exit_index=exit_info.get("index"),
+            exit_name=exit_info.get("name"),
+            expected_accuracy=exit_info.get("accuracy"),
+            late=bool(message.get("late")),
+            timings=message.get("timings") or {},
+            priority=message.get("priority"),
+            error=message.get("error"),
+            served_by=str(message.get("served_by") or "local"),
+        )
+
+
+def parse_target(target: str) -> tuple[str, str | int]:
+    """("unix", path) or ("tcp", "host:port" split later); EdgeServeError on anything else."""
+    url = urlparse(target)
+    if url.scheme == "unix" and (url.netloc + url.path):
+        return "unix", url.netloc + url.path
+    if url.scheme == "tcp" and url.hostname and url.port is not None:
+        return "tcp", f"{url.hostname}:{url.port}"
+    raise EdgeServeError(f"target {target!r}: use unix:///path/to.sock or tcp://host:port")
+
+
+class AsyncClient:
+    """One connection; make it with `await AsyncClient.connect(target, token=...)`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._reader_task: asyncio.Task[None] | None = None
+        self._closed_error: BaseException | None = None
+        self.hello: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(cls, target: str, *, token: str | None = None, timeout: float = 10.0) -> AsyncClient:
+        kind, address = parse_target(target)
+        limit = CLIENT_MAX_FRAME
+        if kind == "unix":
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(address), limit=limit), timeout
+            )
+        else:
+            host, port = str(address).rsplit(":", 1)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), limit=limit), timeout
+            )
+        client = cls(reader, writer)
+        try:
+            await asyncio.wait_for(client._handshake(token), timeout)
+        except BaseException:
+            writer.close()
+            raise
+        return client
+
+    async def _handshake(self, token: str | None) -> None:
+        hello: dict[str, Any] = {
+            "type": "hello",
+            "version": PROTOCOL_VERSION,
+            "client": "edgeserve.wire.client",
+        }
+        if token is not None:
+            hello["token"] = token
+        self._writer.write(encode_frame(hello))
+        message = await self._read_message()
+        if message is None:
+            raise ServerRefused("the server closed the connection during the hello")
+        if message.get("type") == "error":
+            raise ServerRefused(f"server refused the connection: {message.get('error')}")
+        if message.get("type") != "hello":
+            raise ServerRefused(f"expected a hello reply, got {message.get('type')!r}")
+        self.hello = message
+        self._reader_task = asyncio.ensure_future(self._read_loop())
+
+    @property
+    def models(self) -> dict[str, Any]:
+        """The server's model table from the hello: input dtype/shape, SLO, exits."""
+        return dict(self.hello.get("models", {}))
+
+    async def _read_message(self) -> dict[str, Any] | None:
+        try:
+            header = await self._reader.readexactly(HEADER.size)
+            (length,) = HEADER.unpack(header)
+            body = await self._reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return decode_body(body, CLIENT_MAX_FRAME)
+
+    async def _read_loop(self) -> None:
+        error: BaseException = ConnectionError("the server closed the connection")
+        try:
+            while True:
+                message = await self._read_message()
+                if message is None:
+                    break
+                if message.get("type") == "error":
+                    error = ServerRefused(f"server closed the connection: {message.get('error')}")
+                    continue
+                future = self._pending.pop(message.get("id", -1), None)
+                if future is not None and not future.done():
+                    future.set_result(Reply.from_message(message))
+        except (ProtocolError, KeyError, ValueError) as exc:
+            error = ConnectionError(f"unreadable answer from the server: {exc}")
+        finally:
+            self._closed_error = error
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+            self._pending.clear()
+
+    def send(
+        self,
+        model: str,
+        x: np.ndarray,
+        *,
+        deadline_ms: float | None = None,
+        capture_ts: float | None = None,
+        priority: int | None = None,
+    ) -> asyncio.Future[Reply]:
+        """Write one request now and return the future of its Reply (pipelining without awaiting)."""
+        if self._closed_error is not None:
+            raise self._closed_error
+        request_id = next(self._ids)
+        message: dict[str, Any] = {
+            "type": "infer",
+            "id": request_id,
+            "model": model,
+            "tensor": encode_tensor(x),
+        }
+        if deadline_ms is not None:
+            message["deadline_ms"] = float(deadline_ms)
+        if capture_ts is not None:
+            message["capture_ts"] = float(capture_ts)
+        if priority is not None:
+            message["priority"] = int(priority)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._writer.write(encode_frame(message))
+        return future
+
+    async def infer(
+        self,
+        model: str,
+        x: np.ndarray,
+        *,
+        deadline_ms: float | None = None,
+        capture_ts: float | None = None,
+        priority: int | None = None,
+    ) -> Reply:
+        """Send one request and await its Reply (other calls may be in flight meanwhile)."""
+        future = self.send(model, x, deadline_ms=deadline_ms, capture_ts=capture_ts, priority=priority)
+        await self._writer.drain()
+        return await future
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def close(self) -> None:
+        """Close the connection; calls still waiting raise ConnectionError."""
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def connect(target: str, *, token: str | None = None, timeout: float = 10.0) -> AsyncClient:
+    """AsyncClient.connect."""
+    return await AsyncClient.connect(target, token=token, timeout=timeout)
+
+
+class BlockingClient:
+    """AsyncClient on a background event loop thread, for programs that are not async.
+
+    `submit` returns a concurrent.futures.Future at once (pipelining); `infer` waits for it.
+    Safe to call from several threads.
+    """
+
+    def __init__(self, target: str, *, token: str | None = None, timeout: float = 10.0) -> None:
+        self._loop = new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="edgeserve-client", daemon=True)
+        self._thread.start()
+        try:
+            self._client: AsyncClient = self._call(AsyncClient.connect(target, token=token, timeout=timeout))
+        except BaseException:
+            self._stop()
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def models(self) -> dict[str, Any]:
+        return self._client.models
+
+    def submit(self, model: str, x: np.ndarray, **options: Any) -> concurrent.futures.Future[Reply]:
+        """Send now; the Future resolves to the Reply."""
+        return asyncio.run_coroutine_threadsafe(self._client.infer(model, x, **options), self._loop)
+
+    def infer(self, model: str, x: np.ndarray, *, timeout: float | None = None, **options: Any) -> Reply:
+        """Send one request and wait for its Reply (TimeoutError after `timeout` seconds)."""
+        return self.submit(model, x, **options).result(timeout)
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._client.close(), timeout=10.0)
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,368 @@
+"""Open Inference Protocol (KServe v2) infer messages: JSON tensors and the binary tensor extension.
+
+One codec for both ends, so the frontend (decode request, encode response) and the offload client
+(encode request, decode response) cannot drift apart. A message is a JSON header, optionally followed
+by raw tensor bytes; `Inference-Header-Content-Length` says where the JSON ends (Triton's binary
+extension). Every malformed message raises OipMessageError naming the field, never a bare KeyError.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeserve.errors import EdgeServeError
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+# KServe v2 datatype -> numpy dtype (little-endian on the wire). BYTES is handled apart.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+_BY_DTYPE = {dtype: name for name, dtype in DATATYPES.items()}
+
+Parameters = dict[str, Any]
+
+
+class OipMessageError(EdgeServeError):
+    """A message that does not follow the Open Inference Protocol; `status` is the HTTP code to send."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Tensor:
+    """A named tensor; `data` is a numpy array of `shape` (object array of bytes for BYTES)."""
+
+    name: str
+    data: np.ndarray
+    parameters: Parameters = field(default_factory=dict)
+
+    @property
+    def datatype(self) -> str:
+        return datatype_of(self.data)
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.data.shape)
+
+
+@dataclass
+class RequestedOutput:
+    """An output the client asked for by name; `binary` asks for it in the binary extension."""
+
+    name: str
+    binary: bool = False
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass
+class InferRequest:
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass
+class InferResponse:
+    model_name: str
+    outputs: list[Tensor]
+    model_version: str | None = None
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+    def output(self, name: str) -> np.ndarray:
+        for tensor in self.outputs:
+            if tensor.name == name:
+                return tensor.data
+        raise OipMessageError(f"response has no output {name!r}; it has {[t.name for t in self.outputs]}")
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The protocol's name for an array's dtype; object arrays of bytes/str are BYTES."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return "BYTES"
+    name = _BY_DTYPE.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+    if name is None:
+        raise OipMessageError(f"no Open Inference Protocol datatype for numpy {array.dtype}")
+    return name
+
+
+# -- encoding -----------------------------------------------------------------------------------------
+
+
+def _tensor_bytes(array: np.ndarray) -> bytes:
+    if datatype_of(array) == "BYTES":
+        chunks = []
+        for item in array.reshape(-1):
+            raw = item.encode() if isinstance(item, str) else bytes(item)
+            chunks.append(len(raw).to_bytes(4, "little") + raw)
+        return b"".join(chunks)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def _tensor_json(tensor: Tensor, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": tensor.name, "shape": tensor.shape, "datatype": tensor.datatype}
+    parameters = dict(tensor.parameters)
+    if binary:
+        raw = _tensor_bytes(tensor.data)
+        blobs.append(raw)
+        parameters["binary_data_size"] = len(raw)
+    elif tensor.datatype == "BYTES":
+        try:
+            entry["data"] = [x.decode() if isinstance(x, bytes) else str(x) for x in tensor.data.reshape(-1)]
+        except UnicodeDecodeError:
+            raise OipMessageError(f"BYTES tensor {tensor.name!r} is not UTF-8 text: send it binary") from None
+    else:
+        entry["data"] = tensor.data.reshape(-1).tolist()
+    if parameters:
+        entry["parameters"] = parameters
+    return entry
+
+
+def _message(header: dict[str, Any], blobs: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    if not blobs:
+        return text, {"Content-Type": JSON_TYPE}
+    return text + b"".join(blobs), {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(text))}
+
+
+def encode_request(request: InferRequest, *, binary: bool = True) -> tuple[bytes, dict[str, str]]:
+    """Body and headers for POST /v2/models/<name>/infer; `binary` sends inputs as raw bytes."""
+    blobs: list[bytes] = []
+    header: dict[str, Any] = {"inputs": [_tensor_json(t, binary, blobs) for t in request.inputs]}
+    if request.id is not None:
+        header["id"] = request.id
+    if request.parameters:
+        header["parameters"] = request.parameters
+    if request.outputs:
+        header["outputs"] = [
+            {"name": o.name, "parameters": {**o.parameters, "binary_data": o.binary}} for o in request.outputs
+        ]
+    return _message(header, blobs)
+
+
+def encode_response(response: InferResponse, binary: set[str] | bool = False) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of an infer response; outputs named in `binary` (or all, if True) go raw."""
+    blobs: list[bytes] = []
+    outputs = [
+        _tensor_json(t, binary is True or (isinstance(binary, set) and t.name in binary), blobs)
+        for t in response.outputs
+    ]
+    header: dict[str, Any] = {"model_name": response.model_name, "outputs": outputs}
+    if response.model_version is not None:
+        header["model_version"] = response.model_version
+    if response.id is not None:
+        header["id"] = response.id
+    if response.parameters:
+        header["parameters"] = response.parameters
+    return _message(header, blobs)
+
+
+# -- decoding -----------------------------------------------------------------------------------------
+
+
+def _split(body: bytes, header_length: str | int | None) -> tuple[dict[str, Any], memoryview]:
+    """The JSON header as a dict and the binary tail after it."""
+    if header_length is None or header_length == "":
+        length = len(body)
+    else:
+        try:
+            length = int(header_length)
+        except (TypeError, ValueError):
+            raise OipMessageError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 < length <= len(body):
+            raise OipMessageError(f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes")
+    try:
+        header = json.loads(bytes(memoryview(body)[:length]))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise OipMessageError(f"body is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise OipMessageError(f"body must be a JSON object, got {type(header).__name__}")
+    return header, memoryview(body)[length:]
+
+
+def _field(entry: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in entry:
+        raise OipMessageError(f"{where}: missing '{key}'")
+    value = entry[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise OipMessageError(f"{where}.{key}: wrong type {type(value).__name__}")
+    return value
+
+
+def _parameters(entry: Mapping[str, Any], where: str) -> Parameters:
+    parameters = entry.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise OipMessageError(f"{where}.parameters: must be an object")
+    return parameters
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Row-major values from a flat or nested JSON list."""
+    if not isinstance(data, list):
+        return [data]
+    if all(not isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    for x in data:
+        out.extend(_flatten(x))
+    return out
+
+
+def _decode_tensor(entry: Any, where: str, tail: memoryview, offset: int) -> tuple[Tensor, int]:
+    """One tensor from its JSON entry (and the binary tail at `offset`); returns the new offset."""
+    if not isinstance(entry, dict):
+        raise OipMessageError(f"{where}: must be an object")
+    name = _field(entry, "name", str, where)
+    where = f"{where} ({name!r})"
+    datatype = _field(entry, "datatype", str, where)
+    shape = _field(entry, "shape", list, where)
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise OipMessageError(f"{where}.shape: must be a list of non-negative integers, got {shape!r}")
+    if datatype != "BYTES" and datatype not in DATATYPES:
+        known = ", ".join([*DATATYPES, "BYTES"])
+        raise OipMessageError(f"{where}.datatype: unsupported {datatype!r} (supported: {known})")
+    parameters = _parameters(entry, where)
+    count = math.prod(shape)
+    size = parameters.pop("binary_data_size", None)
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(tail):
+            raise OipMessageError(
+                f"{where}: binary_data_size {size!r} exceeds the {len(tail) - offset} bytes left"
+            )
+        raw = tail[offset : offset + size]
+        offset += size
+        array = _from_bytes(raw, datatype, count, where)
+    else:
+        if "data" not in entry:
+            raise OipMessageError(f"{where}: has neither 'data' nor parameters.binary_data_size")
+        array = _from_json(_flatten(entry["data"]), datatype, count, where)
+    return Tensor(name, array.reshape(shape), parameters), offset
+
+
+def _from_bytes(raw: memoryview, datatype: str, count: int, where: str) -> np.ndarray:
+    if datatype == "BYTES":
+        items: list[bytes] = []
+        i = 0
+        while i < len(raw):
+            if i + 4 > len(raw):
+                raise OipMessageError(f"{where}: BYTES element length prefix is cut off")
+            n = int.from_bytes(raw[i : i + 4], "little")
+            if i + 4 + n > len(raw):
+                raise OipMessageError(f"{where}: BYTES element of {n} bytes runs past the tensor")
+            items.append(bytes(raw[i + 4 : i + 4 + n]))
+            i += 4 + n
+        if len(items) != count:
+            raise OipMessageError(f"{where}: {len(items)} BYTES elements for a shape of {count}")
+        array = np.empty(count, dtype=object)
+        array[:] = items
+        return array
+    dtype = DATATYPES[datatype]
+    if len(raw) != count * dtype.itemsize:
+        raise OipMessageError(
+            f"{where}: {len(raw)} bytes of {datatype} for a shape of {count} elements "
+            f"(expected {count * dtype.itemsize})"
+        )
+    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=True)
+
+
+def _from_json(values: list[Any], datatype: str, count: int, where: str) -> np.ndarray:
+    if len(values) != count:
+        raise OipMessageError(f"{where}: {len(values)} values in 'data' for a shape of {count} elements")
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = [v.encode() if isinstance(v, str) else v for v in values]
+        return array
+    dtype = DATATYPES[datatype]
+    ok_types: tuple[type, ...] = (
+        (bool,) if datatype == "BOOL" else (int, float) if dtype.kind == "f" else (int,)
+    )
+    if not all(isinstance(v, ok_types) and (datatype == "BOOL" or not isinstance(v, bool)) for v in values):
+        raise OipMessageError(f"{where}: 'data' must hold only {datatype} values")
+    try:
+        return np.asarray(values, dtype=dtype.newbyteorder("="))
+    except OverflowError:
+        raise OipMessageError(f"{where}: a value in 'data' does not fit {datatype}") from None
+
+
+def _decode_tensors(entries: Any, where: str, tail: memoryview) -> list[Tensor]:
+    if not isinstance(entries, list):
+        raise OipMessageError(f"{where}: must be a list")
+    tensors, offset = [], 0
+    for i, entry in enumerate(entries):
+        tensor, offset = _decode_tensor(entry, f"{where}[{i}]", tail, offset)
+        tensors.append(tensor)
+    if offset != len(tail):
+        raise OipMessageError(f"{len(tail) - offset} bytes after the last binary tensor belong to no tensor")
+    return tensors
+
+
+def _optional_id(header: Mapping[str, Any]) -> str | None:
+    value = header.get("id")
+    if value is not None and not isinstance(value, str):
+        raise OipMessageError("id: must be a string")
+    return value
+
+
+def decode_request(body: bytes, header_length: str | int | None = None) -> InferRequest:
+    """An infer request from its body and its Inference-Header-Content-Length (None: all JSON)."""
+    header, tail = _split(body, header_length)
+    inputs = _decode_tensors(_field(header, "inputs", list, "request"), "inputs", tail)
+    if not inputs:
+        raise OipMessageError("inputs: must name at least one tensor")
+    parameters = _parameters(header, "request")
+    all_binary = bool(parameters.get("binary_data_output", False))
+    outputs = []
+    for i, entry in enumerate(header.get("outputs") or []):
+        if not isinstance(entry, dict):
+            raise OipMessageError(f"outputs[{i}]: must be an object")
+        name = _field(entry, "name", str, f"outputs[{i}]")
+        out_params = _parameters(entry, f"outputs[{i}]")
+        binary = bool(out_params.pop("binary_data", all_binary))
+        outputs.append(RequestedOutput(name, binary, out_params))
+    return InferRequest(inputs, outputs, _optional_id(header), parameters)
+
+
+def decode_response(body: bytes, header_length: str | int | None = None) -> InferResponse:
+    """An infer response from its body and Inference-Header-Content-Length; an error body raises."""
+    header, tail = _split(body, header_length)
+    if "error" in header and "outputs" not in header:
+        raise OipMessageError(f"server answered an error: {header['error']}", status=502)
+    outputs = _decode_tensors(_field(header, "outputs", list, "response"), "outputs", tail)
+    version = header.get("model_version")
+    return InferResponse(
+        model_name=str(header.get("model_name", "")),
+        outputs=outputs,
+        model_version=None if version is None else str(version),
+        id=_optional_id(header),
+        parameters=_parameters(header, "response"),
+    )
+
+
+def binary_outputs(request: InferRequest, names: Sequence[str]) -> set[str]:
+    """Which of the model's outputs go binary: the ones asked binary, or all if the request says so."""
+    if not request.outputs:
+        return set(names) if request.parameters.get("binary_data_output") else set()
+    return {o.name for o in request.outputs if o.binary}

@@ -1,0 +1,269 @@
+"""The socket front on real UNIX and TCP sockets, a real Server and tiny ONNX models."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from net_support import hello_frame, net_config, raw_connect, read_frame, read_until_closed, server_thread
+from runtime_support import HookedFactory, config_dict, profiled_tiny_repository
+from tiny_onnx import TinyModel
+
+from edgeserve.config.server import PreprocessConfig
+from edgeserve.loop import run
+from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT
+from edgeserve.net.preprocess import preprocess_frame
+from edgeserve.wire.client import AsyncClient, BlockingClient, Reply, ServerRefused
+from edgeserve.wire.frames import HEADER, encode_frame
+from edgeserve.wire.tensors import encode_tensor
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, TinyModel]]:
+    root = tmp_path_factory.mktemp("net") / "engines"
+    return root, profiled_tiny_repository(root)
+
+
+def _assert_reference(reply: Reply, tiny: TinyModel, x: np.ndarray) -> None:
+    assert reply.status == "ok", reply.error
+    assert reply.exit_index is not None and reply.output is not None
+    assert reply.exit_name == tiny.manifest.exits[reply.exit_index].name
+    np.testing.assert_allclose(reply.output, tiny.forward(x[None], reply.exit_index)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_pipelined_requests_get_their_own_reference_logits(served, tmp_path: Path, transport: str) -> None:
+    root, models = served
+    xa, xb = models["tiny_a"].random_input(25, seed=1), models["tiny_b"].random_input(15, seed=2)
+    with server_thread(net_config(config_dict(root), tmp_path)) as srv:
+        url = srv.unix_url if transport == "unix" else srv.tcp_url
+
+        async def main() -> list[Reply]:
+            async with await AsyncClient.connect(url) as client:
+                assert client.models["tiny_b"]["input"] == {"dtype": "float32", "shape": [3, 16, 16]}
+                futures = [client.send("tiny_a", x, priority=i) for i, x in enumerate(xa)]
+                futures += [client.send("tiny_b", x) for x in xb]
+                return list(await asyncio.gather(*futures))
+
+        replies = run(main())
+    assert len({r.id for r in replies}) == 40
+    for reply, x in zip(replies[:25], xa, strict=True):
+        _assert_reference(reply, models["tiny_a"], x)
+    for reply, x in zip(replies[25:], xb, strict=True):
+        _assert_reference(reply, models["tiny_b"], x)
+    assert [r.priority for r in replies[:25]] == list(range(25))
+    assert all(r.timings["total_ms"] > 0 for r in replies)
+
+
+def test_blocking_client_pipelines_from_one_thread(served, tmp_path: Path) -> None:
+    root, models = served
+    xs = models["tiny_a"].random_input(20, seed=5)
+    with server_thread(net_config(config_dict(root), tmp_path)) as srv, BlockingClient(srv.tcp_url) as client:
+        futures = [client.submit("tiny_a", x, deadline_ms=500) for x in xs]
+        replies = [f.result(30) for f in futures]
+        single = client.infer("tiny_a", xs[0], timeout=30)
+    for reply, x in zip(replies, xs, strict=True):
+        _assert_reference(reply, models["tiny_a"], x)
+    _assert_reference(single, models["tiny_a"], xs[0])
+
+
+def test_token_is_required_in_the_hello(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    with server_thread(net_config(config_dict(root), tmp_path, token="s3cret")) as srv:
+        for token in (None, "wrong"):
+            with pytest.raises(ServerRefused, match="authentication failed"):
+                BlockingClient(srv.tcp_url, token=token)
+        with BlockingClient(srv.unix_url, token="s3cret") as client:
+            assert client.infer("tiny_a", x, timeout=30).ok
+        assert srv.stats().refused_auth == 2
+
+
+def test_requests_before_hello_get_an_error_and_a_closed_connection(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    request = {"type": "infer", "id": 1, "model": "tiny_a", "tensor": encode_tensor(x)}
+    with server_thread(net_config(config_dict(root), tmp_path)) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(encode_frame(request))
+        messages = read_until_closed(sock)
+    assert [m["type"] for m in messages] == ["error"]
+    assert "first message must be a hello" in messages[0]["error"]
+
+
+def test_oversized_frame_gets_an_error_then_close_and_others_are_still_served(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    config = net_config(config_dict(root), tmp_path, max_frame_bytes=4096)
+    with server_thread(config) as srv, BlockingClient(srv.unix_url) as good, raw_connect(srv.tcp_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sock.sendall(HEADER.pack(4097) + b"\0" * 100)
+        messages = read_until_closed(sock)
+        assert good.infer("tiny_a", x, timeout=30).ok
+        big = np.zeros((2048,), dtype=np.float32)  # 8 KiB of data: over the limit
+        with pytest.raises(ConnectionError, match="exceeds max_frame_bytes"):
+            good.infer("tiny_a", big, timeout=30)
+    assert [m["type"] for m in messages] == ["error"]
+    assert "exceeds max_frame_bytes 4096" in messages[0]["error"]
+
+
+def test_requests_beyond_the_in_flight_limit_are_rejected_and_every_id_is_answered_once(
+    served, tmp_path: Path
+) -> None:
+    root, models = served
+    xs = models["tiny_a"].random_input(12, seed=8)
+    factory = HookedFactory(delay_s=0.2)  # the first three are still running when the rest arrive
+    with server_thread(net_config(config_dict(root), tmp_path, max_in_flight=3), factory) as srv:
+
+        async def main() -> list[Reply]:
+            async with await AsyncClient.connect(srv.unix_url) as client:
+                return list(await asyncio.gather(*(client.send("tiny_a", x) for x in xs)))
+
+        replies = run(main())
+    assert sorted(r.id for r in replies) == list(range(12))
+    rejected = [r for r in replies if r.status == "rejected"]
+    served_ok = [r for r in replies if r.status == "ok"]
+    assert len(served_ok) >= 3 and len(rejected) >= 1
+    assert len(served_ok) + len(rejected) == 12
+    assert all(r.error == TOO_MANY_IN_FLIGHT for r in rejected)
+
+
+def test_client_that_disconnects_mid_request_has_its_answers_discarded(served, tmp_path: Path) -> None:
+    root, models = served
+    xs = models["tiny_a"].random_input(5, seed=9)
+    factory = HookedFactory(delay_s=0.5)  # answers come well after the client has gone
+    with server_thread(net_config(config_dict(root), tmp_path), factory) as srv:
+        with raw_connect(srv.tcp_url) as sock:
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+            frames = [
+                encode_frame({"type": "infer", "id": i, "model": "tiny_a", "tensor": encode_tensor(x)})
+                for i, x in enumerate(xs)
+            ]
+            sock.sendall(b"".join(frames))
+            assert factory.backend is not None and factory.backend.entered.wait(10)
+            until = time.monotonic() + 10
+            while srv.stats().requests < 5 and time.monotonic() < until:
+                time.sleep(0.01)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset on close
+        deadline = time.monotonic() + 20
+        while srv.stats().discarded < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = srv.stats()
+        with BlockingClient(srv.unix_url) as other:
+            assert other.infer("tiny_a", xs[0], timeout=30).ok
+    assert stats.requests == 5 and stats.discarded == 5 and stats.open_connections == 0
+
+
+def test_bad_field_gets_invalid_with_its_id_and_the_connection_stays_open(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    bad_size = {"dtype": "float32", "shape": [1, 8, 8], "data": b"\0" * 10}
+    with server_thread(net_config(config_dict(root), tmp_path)) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sock.sendall(encode_frame({"type": "infer", "id": 7, "model": "tiny_a", "tensor": bad_size}))
+        invalid = read_frame(sock)
+        sock.sendall(encode_frame({"type": "infer", "id": 8, "model": "nope", "tensor": encode_tensor(x)}))
+        unknown = read_frame(sock)
+        sock.sendall(encode_frame({"type": "infer", "id": 9, "model": "tiny_a", "tensor": encode_tensor(x)}))
+        good = read_frame(sock)
+    assert (invalid["id"], invalid["status"]) == (7, "invalid")
+    assert "tensor.data has 10 bytes" in invalid["error"]
+    assert (unknown["id"], unknown["status"]) == (8, "invalid") and "unknown model" in unknown["error"]
+    assert (good["id"], good["status"]) == (9, "ok")
+
+
+def test_capture_timestamp_sets_the_budget_and_old_frames_expire_at_once(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    with (
+        server_thread(net_config(config_dict(root), tmp_path)) as srv,
+        BlockingClient(srv.unix_url) as client,
+    ):
+        fresh = client.infer("tiny_a", x, capture_ts=time.time(), timeout=30)
+        stale = client.infer("tiny_a", x, capture_ts=time.time() - 5.0, timeout=30)
+    assert fresh.ok
+    assert stale.status == "expired" and "past the 1000 ms SLO" in stale.error
+
+
+def test_camera_frames_are_preprocessed_by_the_model_config(served, tmp_path: Path) -> None:
+    root, models = served
+    pre = {"resize": [16, 16], "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2], "channels": "bgr"}
+    config = config_dict(root)
+    config["models"]["tiny_b"]["preprocess"] = pre
+    frame = np.random.default_rng(0).integers(0, 256, size=(40, 30, 3), dtype=np.uint8)
+    expected_input = preprocess_frame(
+        frame,
+        PreprocessConfig(resize=(16, 16), mean=(0.5, 0.4, 0.3), std=(0.2,) * 3, channels="bgr"),
+        (3, 16, 16),
+    )
+    with server_thread(net_config(config, tmp_path)) as srv, BlockingClient(srv.unix_url) as client:
+        assert client.models["tiny_b"]["camera_input"]["channels"] == "bgr"
+        reply = client.infer("tiny_b", frame, timeout=30)
+        wrong = client.infer("tiny_b", frame[:, :, :1], timeout=30)
+    _assert_reference(reply, models["tiny_b"], expected_input)
+    assert wrong.status == "invalid" and "height x width x 3" in wrong.error
+
+
+def test_tcp_connections_set_nodelay(served, tmp_path: Path) -> None:
+    root, _ = served
+    with server_thread(net_config(config_dict(root), tmp_path)) as srv:
+        host, _port = srv.tcp_address
+        assert host == "127.0.0.1"
+
+        async def nodelay() -> int:
+            conn = next(iter(srv.net.frontend.connections))
+            assert conn.transport is not None
+            return conn.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+        with BlockingClient(srv.tcp_url):
+            value = asyncio.run_coroutine_threadsafe(nodelay(), srv.loop).result(10)
+    assert value != 0
+
+
+def test_a_client_that_does_not_read_is_paused_and_does_not_stall_others(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    frame = encode_frame({"type": "infer", "id": 0, "model": "tiny_a", "tensor": encode_tensor(x)})
+    n = 3000  # far more answers than the kernel's socket buffers plus the 4 KiB high-water mark hold
+    config = net_config(config_dict(root), tmp_path, max_in_flight=n)
+    with server_thread(config) as srv, raw_connect(srv.unix_url, timeout=60) as slow:
+        srv.net.frontend.write_high_water = 4096
+        slow.sendall(hello_frame())
+        assert read_frame(slow)["type"] == "hello"
+
+        async def shrink_send_buffers() -> None:
+            """Small buffers, so the answers back up whatever their size (under load many are short
+            `rejected` frames). The connection may have been made before write_high_water was set."""
+            for connection in srv.net.frontend.connections:
+                assert connection.transport is not None
+                connection.transport.set_write_buffer_limits(high=4096)
+                sock = connection.transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+        asyncio.run_coroutine_threadsafe(shrink_send_buffers(), srv.loop).result(10)
+        sender = threading.Thread(target=lambda: slow.sendall(frame * n), daemon=True)
+        sender.start()  # blocks once the server stops reading this connection
+
+        async def paused() -> bool:
+            return any(c.reading_paused for c in srv.net.frontend.connections)
+
+        deadline = time.monotonic() + 20
+        while not (was_paused := asyncio.run_coroutine_threadsafe(paused(), srv.loop).result(10)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        with BlockingClient(srv.tcp_url) as other:
+            assert other.infer("tiny_a", x, timeout=30).ok
+        answers = [read_frame(slow) for _ in range(n)]  # reading resumes the server's reading
+        sender.join(30)
+    assert was_paused and not sender.is_alive()
+    assert all(a is not None and a["type"] == "result" and a["id"] == 0 for a in answers)
+    assert {a["status"] for a in answers} <= {"ok", "rejected"}

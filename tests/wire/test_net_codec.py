@@ -1,0 +1,99 @@
+"""The frame codec, tensor encoding and camera preprocessing, without sockets."""
+
+from __future__ import annotations
+
+import re
+
+import msgpack
+import numpy as np
+import pytest
+
+from edgeserve.config.server import PreprocessConfig
+from edgeserve.net.preprocess import PreprocessError, preprocess_frame, resize
+from edgeserve.wire.frames import HEADER, ProtocolError, decode_body, encode_frame, parse_hello, parse_infer
+from edgeserve.wire.tensors import DTYPES, TensorError, decode_tensor, encode_tensor
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_allowed_dtype_round_trips_exactly(dtype: str) -> None:
+    x = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    y = decode_tensor(msgpack.unpackb(msgpack.packb(encode_tensor(x), use_bin_type=True)))
+    assert y.dtype == x.dtype and np.array_equal(x, y)
+
+
+def test_tensor_byte_count_must_match_the_shape() -> None:
+    with pytest.raises(TensorError, match="has 15 bytes; float32 \\[2, 2\\] needs 16"):
+        decode_tensor({"dtype": "float32", "shape": [2, 2], "data": b"\0" * 15})
+    with pytest.raises(TensorError, match="dtype must be one of"):
+        decode_tensor({"dtype": "object", "shape": [1], "data": b"\0" * 8})
+    with pytest.raises(TensorError, match="non-negative integers"):
+        decode_tensor({"dtype": "uint8", "shape": [-1], "data": b""})
+
+
+def test_frame_is_a_big_endian_length_then_the_msgpack_map() -> None:
+    frame = encode_frame({"type": "hello", "version": 1})
+    (length,) = HEADER.unpack_from(frame)
+    assert frame[:4] == length.to_bytes(4, "big") and length == len(frame) - 4
+    assert decode_body(frame[4:], 1024) == {"type": "hello", "version": 1}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"\xc1", "not one msgpack value"),
+        (msgpack.packb([1, 2]), "must hold a msgpack map"),
+        (msgpack.packb({1: 2}), "not one msgpack value"),  # non-string keys
+        (msgpack.packb({"a": 1}) + b"\x00", "not one msgpack value"),  # trailing data
+        (msgpack.packb({"a": b"x" * 200}, use_bin_type=True), "not one msgpack value"),  # over the limit
+    ],
+)
+def test_undecodable_bodies_raise_protocol_errors(body: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        decode_body(body, 128)
+
+
+def test_request_validation_names_the_field_and_keeps_the_id() -> None:
+    tensor = encode_tensor(np.zeros(3, np.float32))
+    good = parse_infer({"type": "infer", "id": 3, "model": "m", "tensor": tensor, "priority": 2})
+    assert (good.id, good.model, good.priority, good.deadline_ms) == (3, "m", 2, None)
+    cases = [
+        ({"deadline_ms": -1}, "infer.deadline_ms must be a positive number"),
+        ({"deadline_ms": 5, "capture_ts": 1.0}, "not both"),
+        ({"priority": True}, "infer.priority must be an integer"),
+        ({"model": ""}, "infer.model must be a model name"),
+        ({"colour": 1}, "unknown fields ['colour']"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(ProtocolError, match=re.escape(message)) as info:
+            parse_infer({"type": "infer", "id": 3, "model": "m", "tensor": tensor, **extra})
+        assert info.value.request_id == 3
+    with pytest.raises(ProtocolError, match=r"infer\.id must be an integer") as info:
+        parse_infer({"type": "infer", "id": -1, "model": "m", "tensor": tensor})
+    assert info.value.request_id is None
+    with pytest.raises(ProtocolError, match=r"hello\.version must be 1"):
+        parse_hello({"type": "hello", "version": 2})
+
+
+def test_bilinear_resize_interpolates_and_nearest_picks_pixels() -> None:
+    frame = np.array([[0, 100], [200, 255]], dtype=np.uint8)[:, :, None]
+    assert np.array_equal(resize(frame, 2, 2)[:, :, 0], frame[:, :, 0])
+    up = resize(frame, 4, 4)[:, :, 0]
+    assert up[0, 0] == 0 and up[3, 3] == 255 and 0 < up[1, 1] < 255
+    assert np.isclose(up[1:3, 1:3].mean(), frame.astype(np.float32).mean())
+    down = resize(np.arange(16, dtype=np.uint8).reshape(4, 4, 1), 2, 2, "nearest")[:, :, 0]
+    assert set(down.ravel()) <= set(range(16))
+
+
+def test_camera_frame_becomes_normalised_nchw_in_rgb_order() -> None:
+    frame = np.zeros((4, 6, 3), dtype=np.uint8)
+    frame[:, :, 0] = 255  # blue in a BGR frame
+    config = PreprocessConfig(mean=(0.5,), std=(0.5,), channels="bgr")
+    x = preprocess_frame(frame, config, (3, 2, 3))
+    assert x.shape == (3, 2, 3) and x.dtype == np.float32
+    assert np.allclose(x[2], 1.0) and np.allclose(x[0], -1.0) and np.allclose(x[1], -1.0)
+    gray = preprocess_frame(frame, PreprocessConfig(channels="bgr"), (1, 4, 6))
+    assert gray.shape == (1, 4, 6) and np.allclose(gray, 0.114, atol=1e-3)
+    with pytest.raises(PreprocessError, match="height x width x 3"):
+        preprocess_frame(frame[:, :, :2], config, (3, 2, 3))
+    with pytest.raises(PreprocessError, match="does not match the model's 2x3"):
+        preprocess_frame(frame, PreprocessConfig(resize=(5, 5)), (3, 2, 3))
