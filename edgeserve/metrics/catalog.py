@@ -138,7 +138,14 @@ def _histograms(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
     histogram = snapshot.get("decision", {}).get("histogram")
     if histogram is not None:
         decision.add_histogram(histogram)
-    return [*families, decision]
+    idle_gap = Family(
+        "edgeserve_executor_idle_gap_seconds",
+        "histogram",
+        "Executor idle time between two batches while the second one's first request waited",
+    )
+    if "idle_gap" in snapshot:
+        idle_gap.add_histogram(snapshot["idle_gap"])
+    return [*families, decision, idle_gap]
 
 
 def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:

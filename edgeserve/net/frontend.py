@@ -6,6 +6,13 @@ so the server never buffers without bound) and resumes when it drains. Requests 
 `max_in_flight` on one connection are answered `rejected` at once ("too many requests in
 flight"), so a pipelining client learns the limit instead of stalling.
 
+Overload (docs/runtime.md, "Overload"): a refusal must cost far less than a served request, or
+the more a client over-sends the less is served. So a request over the window is refused from
+its id alone (its tensor is never decoded or checked), at most FRAMES_PER_TURN frames are handled
+before the loop gets to run its other callbacks (a finished batch's hand-off among them), and the
+answers of one loop turn leave in one write. An accepted request costs no task: the Server's
+future answers it from a done-callback.
+
 Every accepted request gets exactly one answer; if the client has gone, the answer is dropped
 and counted in FrontendStats.discarded. A frame over max_frame_bytes or an unreadable frame
 gets an error message and the connection is closed (a peer that breaks framing cannot be
@@ -16,6 +23,7 @@ connection stays open.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import socket
@@ -30,11 +38,13 @@ from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Server, Status
 from edgeserve.wire.frames import (
     HEADER,
+    MAX_MODEL_NAME,
     PROTOCOL_VERSION,
     InferRequest,
     ProtocolError,
     decode_body,
     encode_frame,
+    id_of,
     message_type,
     parse_hello,
     parse_infer,
@@ -44,6 +54,7 @@ from edgeserve.wire.tensors import encode_tensor
 _log = logging.getLogger(__name__)
 
 TOO_MANY_IN_FLIGHT = "too many requests in flight"
+FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run (~0.3 ms of work)
 WRITE_HIGH_WATER = 1024 * 1024
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
 
@@ -112,10 +123,10 @@ class Frontend:
         return table
 
     async def drain(self, timeout: float) -> None:
-        """Wait (bounded) until every connection's request tasks have written their answers."""
-        tasks = [t for c in self.connections for t in c.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        """Wait (bounded) until every connection's requests have been answered."""
+        pending = [f for c in self.connections for f in c.pending]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
     def close_all(self) -> None:
         for connection in list(self.connections):
@@ -133,15 +144,18 @@ class Connection(asyncio.Protocol):
         self._greeted = False
         self._closing = False
         self._in_flight = 0
-        self._paused = False
+        self._paused = False  # by the write side: the client does not read its answers
+        self._backlog = False  # by the read side: frames left in the buffer for the next turn
         self._eof = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Future[Result]] = set()
+        self._out: list[bytes] = []  # frames to write at the end of this loop turn
 
     # -- transport callbacks -----------------------------------------------------------------------
 
     @property
-    def tasks(self) -> set[asyncio.Task[None]]:
-        return set(self._tasks)
+    def pending(self) -> set[asyncio.Future[Result]]:
+        """The answers still to come, one per accepted request."""
+        return set(self._pending)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -176,24 +190,49 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.transport is not None and self._paused and not self._closing:
             self._paused = False
-            self.transport.resume_reading()
+            if not self._backlog:
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return  # after an error: discard until the peer closes
         self._buffer += data
+        if not self._backlog:
+            self._read_frames()
+
+    def _read_frames(self) -> None:
+        """Handle up to FRAMES_PER_TURN buffered frames; if more are complete, stop reading the
+        socket and come back on the next loop turn, after the callbacks that are already due."""
         limit = self.frontend.listen.max_frame_bytes
-        while not self._closing and len(self._buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buffer)
+        buffer = self._buffer
+        handled = 0
+        while not self._closing and len(buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(buffer)
             if length > limit:
                 self._fail(f"frame of {length} bytes exceeds max_frame_bytes {limit}")
                 return
             end = HEADER.size + length
-            if len(self._buffer) < end:
+            if len(buffer) < end:
+                break
+            if handled == FRAMES_PER_TURN:
+                self._set_backlog(True)
+                asyncio.get_running_loop().call_soon(self._read_frames)
                 return
-            body = bytes(self._buffer[HEADER.size : end])
-            del self._buffer[:end]
+            body = bytes(buffer[HEADER.size : end])
+            del buffer[:end]
             self._on_frame(body)
+            handled += 1
+        self._set_backlog(False)
+
+    def _set_backlog(self, backlog: bool) -> None:
+        if backlog == self._backlog or self.transport is None or self._closing:
+            self._backlog = backlog
+            return
+        self._backlog = backlog
+        if backlog and not self._paused:
+            self.transport.pause_reading()
+        elif not backlog and not self._paused:
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         """The client half-closed: answer what is in flight, then close (keep the transport open)."""
@@ -217,6 +256,9 @@ class Connection(asyncio.Protocol):
                 return
             if kind == "hello":
                 raise ProtocolError("hello was already sent on this connection")
+            if self._in_flight >= self.frontend.listen.max_in_flight and id_of(message) is not None:
+                self._refuse_over_window(message)  # cheap: the tensor is never decoded
+                return
             request = parse_infer(message)
         except ProtocolError as exc:
             if exc.request_id is not None and self._greeted:
@@ -246,6 +288,14 @@ class Connection(asyncio.Protocol):
             }
         )
 
+    def _refuse_over_window(self, message: dict[str, Any]) -> None:
+        """A request past this connection's window: `rejected` from its id, model and priority."""
+        self.frontend.stats.requests += 1
+        model, priority = message.get("model"), message.get("priority")
+        model = model if isinstance(model, str) and len(model) <= MAX_MODEL_NAME else ""
+        priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
+        self._reply_now(message["id"], Status.REJECTED, TOO_MANY_IN_FLIGHT, priority, model)
+
     def _on_request(self, request: InferRequest) -> None:
         stats = self.frontend.stats
         stats.requests += 1
@@ -253,38 +303,57 @@ class Connection(asyncio.Protocol):
             self._reply_now(request.id, Status.REJECTED, TOO_MANY_IN_FLIGHT, request.priority, request.model)
             return
         self._in_flight += 1
-        task = asyncio.ensure_future(self._serve(request))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        server = self.frontend.server
+        pre = server.config.models.get(request.model)
+        future: asyncio.Future[Result]
+        if pre is not None and pre.preprocess is not None and request.tensor.dtype == np.uint8:
+            future = asyncio.ensure_future(self._preprocess_and_submit(request))
+        else:
+            try:
+                future = server.submit(
+                    request.model,
+                    request.tensor,
+                    deadline_ms=request.deadline_ms,
+                    capture_ts=request.capture_ts,
+                )
+            except Exception as exc:  # never lose an answer, whatever went wrong
+                _log.exception("request %d from %s failed", request.id, self.peer)
+                future = asyncio.get_running_loop().create_future()
+                future.set_result(Result(Status.ERROR, request.model, error=f"{type(exc).__name__}: {exc}"))
+        self._pending.add(future)
+        future.add_done_callback(functools.partial(self._on_result, request))
 
-    async def _serve(self, request: InferRequest) -> None:
+    async def _preprocess_and_submit(self, request: InferRequest) -> Result:
+        """A camera frame (uint8 HWC): resize and convert off the loop, then submit."""
+        server = self.frontend.server
+        pre = server.config.models[request.model].preprocess
+        assert pre is not None
+        shape = tuple(server.manifest(request.model).input.shape)
         try:
-            x = request.tensor
-            pre = self.frontend.server.config.models.get(request.model)
-            if pre is not None and pre.preprocess is not None and x.dtype == np.uint8:
-                shape = tuple(self.frontend.server.manifest(request.model).input.shape)
-                try:
-                    x = await asyncio.to_thread(preprocess_frame, x, pre.preprocess, shape)
-                except PreprocessError as exc:
-                    self._answer(
-                        request.id, Result(Status.INVALID, request.model, error=str(exc)), request.priority
-                    )
-                    return
-            result = await self.frontend.server.infer(
-                request.model, x, deadline_ms=request.deadline_ms, capture_ts=request.capture_ts
-            )
+            x = await asyncio.to_thread(preprocess_frame, request.tensor, pre, shape)
+        except PreprocessError as exc:
+            return Result(Status.INVALID, request.model, error=str(exc))
+        return await server.submit(
+            request.model, x, deadline_ms=request.deadline_ms, capture_ts=request.capture_ts
+        )
+
+    def _on_result(self, request: InferRequest, future: asyncio.Future[Result]) -> None:
+        """Write a request's answer, whatever happened to it (exactly one per accepted request)."""
+        self._pending.discard(future)
+        self._in_flight -= 1
+        priority = request.priority
+        exc = None if future.cancelled() else future.exception()
+        if future.cancelled() or exc is not None:
+            why = "request was cancelled" if exc is None else f"{type(exc).__name__}: {exc}"
+            _log.error("request %d from %s failed: %s", request.id, self.peer, why)
+            result, priority = Result(Status.ERROR, request.model, error=why), None
+        else:
+            result = future.result()
             if result.status is Status.EXPIRED and result.refused:
                 self.frontend.stats.expired_on_arrival += 1
-            self._answer(request.id, result, request.priority)
-        except Exception as exc:  # never lose an answer, whatever went wrong
-            _log.exception("request %d from %s failed", request.id, self.peer)
-            self._answer(
-                request.id, Result(Status.ERROR, request.model, error=f"{type(exc).__name__}: {exc}"), None
-            )
-        finally:
-            self._in_flight -= 1
-            if self._eof and self._in_flight == 0:
-                self.close()
+        self._answer(request.id, result, priority)
+        if self._eof and self._in_flight == 0:
+            self.close()
 
     def _reply_now(
         self, request_id: int, status: Status, error: str, priority: int | None, model: str = ""
@@ -301,8 +370,17 @@ class Connection(asyncio.Protocol):
         self._send(result_message(request_id, result, priority))
 
     def _send(self, message: dict[str, Any]) -> None:
-        if self.transport is not None and not self._closing:
-            self.transport.write(encode_frame(message))
+        """Queue a frame; the frames of one loop turn leave in one write."""
+        if self.transport is None or self._closing:
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(encode_frame(message))
+
+    def _flush(self) -> None:
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self._out))
+        self._out.clear()
 
     def _fail(self, error: str, auth: bool = False) -> None:
         """An error message, then close: used when the stream or the peer cannot be trusted.
@@ -315,6 +393,7 @@ class Connection(asyncio.Protocol):
             self.frontend.stats.protocol_errors += 1
         _log.info("closing %s: %s", self.peer, error)
         self._send({"type": "error", "error": error})
+        self._flush()
         self._buffer.clear()
         transport = self.transport
         if transport is None or self._closing:
@@ -327,6 +406,7 @@ class Connection(asyncio.Protocol):
             transport.close()
 
     def close(self) -> None:
+        self._flush()
         self._closing = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # flushes what is buffered, then closes

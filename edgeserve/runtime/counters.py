@@ -28,6 +28,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
 DECISION_BUCKETS_S: tuple[float, ...] = (
     5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
 )  # fmt: skip
+# The executor's idle gap while work waited (hand-off, decision, loop latency): tens of us to ms.
+IDLE_GAP_BUCKETS_S: tuple[float, ...] = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 1e-1,
+)  # fmt: skip
 UTILISATION_WINDOW_S = 10.0  # executor utilisation is also reported over this recent window
 UTILISATION_SLOTS = 10  # ... kept as this many per-slot busy totals (1 s each): O(1) memory
 
@@ -180,6 +184,8 @@ class Counters:
     compute_request_s: Counter[str] = field(default_factory=Counter)  # per `ok` answer: start -> end, summed
     inferences: Counter[str] = field(default_factory=Counter)  # samples in batches the backend ran
     busy_window: BusyWindow = field(default_factory=BusyWindow)
+    idle_gap: Histogram = field(default_factory=lambda: Histogram(IDLE_GAP_BUCKETS_S))
+    last_batch_end: float = -math.inf
 
     def observe_ok(self, model: str, queued: float, start: float, end: float) -> None:
         """An `ok` answer's request, queue and compute durations (time.monotonic() seconds)."""
@@ -191,8 +197,15 @@ class Counters:
             self.queue_duration[model].observe(start - queued)
             self.compute_request_s[model] += end - start
 
-    def observe_batch(self, model: str, start: float, end: float, size: int) -> None:
-        """A batch the backend ran (whatever its outcome): compute time, samples, busy window."""
+    def observe_batch(
+        self, model: str, start: float, end: float, size: int, ready: float = -math.inf
+    ) -> None:
+        """A batch the backend ran (whatever its outcome): compute time, samples, busy window, and
+        the idle gap: how long the executor stood idle while this batch's first task waited
+        (from the later of the previous batch's end and `ready`, that task's arrival)."""
+        if self.last_batch_end > -math.inf:
+            self.idle_gap.observe(max(0.0, start - max(self.last_batch_end, ready)))
+        self.last_batch_end = end
         if model not in self.compute_duration:
             self.compute_duration[model] = Histogram()
         self.compute_duration[model].observe(end - start)
@@ -232,4 +245,5 @@ class Counters:
             "compute_duration": _histograms(self.compute_duration),
             "compute_request_s": dict(self.compute_request_s),
             "inferences": dict(self.inferences),
+            "idle_gap": self.idle_gap.snapshot(),
         }

@@ -1,13 +1,16 @@
 """The executor: ONE thread owns the backend and runs one batch at a time (time division).
 
 load(), run() and close() all happen on that thread (ORT sessions are then created on the thread
-that runs them). The event loop awaits each call; it never runs inference itself.
-Batches are stacked here, off the loop: a copy of a few KB to MB would otherwise stall arrivals.
+that runs them). The event loop never runs inference itself. A batch is handed over with
+`submit`, whose callback reaches the loop in one wake-up when the batch ends, so the next
+decision is not queued behind a chain of tasks. Batches are stacked here, off the loop: a copy of
+a few KB to MB would otherwise stall arrivals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,22 +63,28 @@ class Executor:
             raise RuntimeError("executor is not open")
         await self.call(self._backend.load, manifest)
 
-    async def run(self, model: str, exit: int, samples: Sequence[np.ndarray]) -> BatchRun:
-        """Stack `samples` and run them at `exit`; a backend exception comes back in BatchRun.error."""
+    def submit(
+        self, model: str, exit: int, samples: Sequence[np.ndarray], done: Callable[[BatchRun], object]
+    ) -> None:
+        """Stack `samples`, run them at `exit` on the executor thread, then call `done(run)` on the
+        calling loop; a backend exception comes back in BatchRun.error. Raises RuntimeError if the
+        executor is not open or already closed."""
         backend = self._backend
         if backend is None:
             raise RuntimeError("executor is not open")
+        loop = asyncio.get_running_loop()
 
-        def _run() -> BatchRun:
+        def _run() -> None:
             batch = np.stack(samples)
             start = time.monotonic()
             try:
-                logits = backend.run(model, exit, batch)
+                run = BatchRun(backend.run(model, exit, batch), None, start, time.monotonic())
             except Exception as exc:  # answered as `error` results; the server keeps serving
-                return BatchRun(None, exc, start, time.monotonic())
-            return BatchRun(logits, None, start, time.monotonic())
+                run = BatchRun(None, exc, start, time.monotonic())
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+                loop.call_soon_threadsafe(done, run)
 
-        return await self.call(_run)
+        self._pool.submit(_run)
 
     async def close(self) -> None:
         """Release the backend on its own thread (after any running batch), then stop the thread."""

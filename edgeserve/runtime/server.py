@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import numbers
@@ -120,7 +121,6 @@ class Server:
         self._shallowest_s: list[float] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._busy = False
-        self._batch_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._decide_pending = False
         self._accepting = False
@@ -198,8 +198,6 @@ class Server:
             await self._executor.close()  # waits for a running batch on the executor thread
         if self._offload is not None:  # its in-flight tasks were answered `shutdown` just above
             await self._offload.close()
-        if self._batch_task is not None:
-            await asyncio.gather(self._batch_task, return_exceptions=True)
 
     async def reload(self, config: ServerConfig | Mapping[str, Any] | str | Path) -> list[str]:
         """Apply a new config without dropping a request; returns the changed key paths.
@@ -285,8 +283,39 @@ class Server:
         from now; `capture_ts` (Unix time in seconds, time.time()) runs the model's SLO from the
         moment the frame was captured, and a frame already past it is answered `expired` at once;
         neither: the model's SLO from now. Do not modify `x` until the result is back: it is
-        stacked into the batch when its batch runs.
+        stacked into the batch when its batch runs. Cancelling the call withdraws a queued sample.
         """
+        task = self._enqueue(model, x, deadline_ms, capture_ts)
+        if isinstance(task, Result):
+            return task
+        try:
+            return await task.future
+        except asyncio.CancelledError:
+            self._on_cancel(task)
+            raise
+
+    def submit(
+        self,
+        model: str,
+        x: np.ndarray,
+        *,
+        deadline_ms: float | None = None,
+        capture_ts: float | None = None,
+    ) -> asyncio.Future[Result]:
+        """`infer` without a coroutine, for fronts that answer from a done-callback (call it on the
+        loop): the future resolves to the Result, at once for a refusal; cancelling it does not
+        withdraw the sample (a front that keeps connections keeps its requests)."""
+        task = self._enqueue(model, x, deadline_ms, capture_ts)
+        if isinstance(task, Task):
+            return task.future
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        future.set_result(task)
+        return future
+
+    def _enqueue(
+        self, model: str, x: np.ndarray, deadline_ms: float | None, capture_ts: float | None
+    ) -> Task | Result:
+        """Check the request and queue it as a Task, or refuse it with a Result at once."""
         now = time.monotonic()
         m = self._index.get(model, -1)
         if not self._accepting:
@@ -314,11 +343,7 @@ class Server:
         if self._busy and self._offload is not None:
             self._offload.poke()  # work beyond local capacity may go upstream now
         self._wake()
-        try:
-            return await task.future
-        except asyncio.CancelledError:
-            self._on_cancel(task)
-            raise
+        return task
 
     async def infer_batch(
         self, model: str, xs: np.ndarray | Sequence[np.ndarray], *, deadline_ms: float | None = None
@@ -502,9 +527,7 @@ class Server:
                 tasks = self._book.pop(decision.model, decision.batch, now)
                 self._busy = True
                 self._busy_until = now + decision.predicted_s
-                self._batch_task = self._loop.create_task(
-                    self._run_batch(decision.model, decision.exit, tasks)
-                )
+                self._dispatch(decision.model, decision.exit, tasks)
         self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
         self._sync_depths()
 
@@ -551,41 +574,33 @@ class Server:
             changed=self._sync_depths,
         )
 
-    async def _run_batch(self, m: int, exit: int, tasks: list[Task]) -> None:
-        assert self._executor is not None
+    def _dispatch(self, m: int, exit: int, tasks: list[Task]) -> None:
+        """Hand a batch to the executor thread; `_batch_done` runs on the loop when it ends."""
+        assert self._executor is not None and self._loop is not None
+        done = functools.partial(self._batch_done, m, exit, tasks)
         try:
-            run = await self._executor.run(self._names[m], exit, [t.x for t in tasks])
-        except Exception as exc:  # the executor itself failed (closed under us): answer, keep going
-            run = BatchRun(None, exc, math.nan, time.monotonic())
+            self._executor.submit(self._names[m], exit, [t.x for t in tasks], done)
+        except RuntimeError as exc:  # the executor itself is closed under us: answer, keep going
+            self._loop.call_soon(done, BatchRun(None, exc, math.nan, time.monotonic()))
+
+    def _batch_done(self, m: int, exit: int, tasks: list[Task], run: BatchRun) -> None:
+        """A batch ended: decide the next one first, so the executor is busy again while these
+        answers are written (the queues do not hold them any more: the decision is the same)."""
         self._busy = False
+        name = self._names[m]
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
-            self.counters.observe_batch(self._names[m], run.start, run.end, len(tasks))
-        self.counters.batches[self._names[m]] += 1
+            self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))
+        self.counters.batches[name] += 1
+        self._decide()
         logits = run.logits
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
         if error is None and (logits is None or logits.shape[0] != len(tasks)):
             error = f"backend returned {None if logits is None else logits.shape} for a batch of {len(tasks)}"
+        ran: dict[str, Any] = {"start": run.start, "batch_size": len(tasks)}
         for i, task in enumerate(tasks):
             if error is not None or logits is None:
-                result = self._result(
-                    task,
-                    Status.ERROR,
-                    run.end,
-                    error=error,
-                    exit=exit,
-                    start=run.start,
-                    batch_size=len(tasks),
-                )
+                result = self._result(task, Status.ERROR, run.end, error=error, exit=exit, **ran)
             else:
-                result = self._result(
-                    task,
-                    Status.OK,
-                    run.end,
-                    output=logits[i],
-                    exit=exit,
-                    start=run.start,
-                    batch_size=len(tasks),
-                )
+                result = self._result(task, Status.OK, run.end, output=logits[i], exit=exit, **ran)
             self._finish(task, result)
-        self._decide()

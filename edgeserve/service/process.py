@@ -77,7 +77,7 @@ class NetServer:
         if self.oip is not None:
             await self.oip.stop_accepting()
         await self.server.close()
-        await self.frontend.drain(timeout=2.0)  # the answers' tasks write before connections close
+        await self.frontend.drain(timeout=2.0)  # every accepted request is answered before connections close
         self.frontend.close_all()
         if self.listeners is not None:
             await self.listeners.wait_closed()

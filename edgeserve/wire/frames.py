@@ -78,7 +78,7 @@ class InferRequest:
 def message_type(message: dict[str, Any]) -> str:
     kind = message.get("type")
     if kind not in ("hello", "infer"):
-        raise ProtocolError(f'type must be "hello" or "infer", got {kind!r}', _id_of(message))
+        raise ProtocolError(f'type must be "hello" or "infer", got {kind!r}', id_of(message))
     return kind
 
 
@@ -95,7 +95,8 @@ def parse_hello(message: dict[str, Any]) -> Hello:
     return Hello(version, token, client)
 
 
-def _id_of(message: dict[str, Any]) -> int | None:
+def id_of(message: dict[str, Any]) -> int | None:
+    """The message's id if it is a valid one, else None."""
     value = message.get("id")
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID:
         return value
@@ -114,7 +115,7 @@ def _real(value: object) -> bool:
 
 def parse_infer(message: dict[str, Any]) -> InferRequest:
     """The request, or ProtocolError naming the bad field (with the id once the id is valid)."""
-    request_id = _id_of(message)
+    request_id = id_of(message)
     if request_id is None:
         raise ProtocolError(f"infer.id must be an integer in 0..2**63-1, got {message.get('id')!r}")
     allowed = ("type", "id", "model", "tensor", "deadline_ms", "capture_ts", "priority")

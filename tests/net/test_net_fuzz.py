@@ -177,17 +177,22 @@ def test_decoder_survives_arbitrary_chunking_of_arbitrary_bytes(chunks: list[byt
 
     from edgeserve.config.server import ListenConfig
 
-    frontend = Frontend(_NoServer(), ListenConfig(max_frame_bytes=256))  # type: ignore[arg-type]
-    connection = Connection(frontend)
-    transport = _RecordingTransport()
-    connection.connection_made(transport)
-    if greet:
-        connection.data_received(hello_frame())
-    for chunk in chunks:
-        if transport.closed:
-            break
-        connection.data_received(chunk)
-    out = bytes(transport.written)
+    async def feed() -> bytes:  # on a loop: answers leave at the end of each loop turn
+        frontend = Frontend(_NoServer(), ListenConfig(max_frame_bytes=256))  # type: ignore[arg-type]
+        connection = Connection(frontend)
+        transport = _RecordingTransport()
+        connection.connection_made(transport)
+        if greet:
+            connection.data_received(hello_frame())
+        for chunk in chunks:
+            if transport.closed:
+                break
+            connection.data_received(chunk)
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return bytes(transport.written)
+
+    out = asyncio.run(feed())
     while out:
         (length,) = HEADER.unpack_from(out)
         decode_body(out[HEADER.size : HEADER.size + length], 1 << 20)

@@ -1,0 +1,576 @@
+"""Overload: in-deadline goodput of `edgeserve serve` under open-loop Poisson load up to 10x capacity.
+
+Starts `edgeserve serve` (the digits models of `make demo` at 3:2:1, ONNX Runtime on one thread, a
+UNIX socket, a TCP port, /metrics) and drives it from a separate load-generator process (spawn,
+uvloop, raw sockets; frames encoded once per model, all requests due at a wake-up in one write).
+A closed loop (`--window` in flight per connection, `--capacity-seconds`) measures the capacity in
+`ok`/s; then open-loop Poisson load at each of `--levels` times it for `--seconds`, over
+`--connections` (half UNIX, half TCP), sent on schedule whatever the answers. Each request carries
+`deadline_ms` (its model's SLO, 5/8/10 ms, unless `--deadline-ms`); "in deadline" = `ok` and back at
+the client within it, timed from the client's write. Per level: offered/s as sent, in-deadline/s,
+rejected/s (`max_in_flight` or a full queue), expired/s, late/s (`ok` past the deadline), lost (no
+answer `--grace` s after the last send), P50/P95/P99 of `ok` answers, the server's own mean latency
+of `ok` answers, the executor's busy fraction and idle-gap P50/P99 (n/a without that histogram),
+client and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
+fairness: one connection floods at 10x while another, from a second process, sends at 0.1x. Goals:
+goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
+
+    make demo                                                      # once: digits models in ./engines
+    .venv/bin/python benchmarks/overload.py                        # ~1.5 minutes
+    .venv/bin/python benchmarks/overload.py --seconds 5 --capacity-seconds 4 --plot out/overload.png
+    .venv/bin/python benchmarks/overload.py --levels 1 10 --deadline-ms 20 --json out/overload.json
+    .venv/bin/python benchmarks/overload.py --late-tasks expire --capacity 12000   # fixed offered rates
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import json
+import math
+import multiprocessing as mp
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+import urllib.request
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+from soak import read_exposition, start_server, stop_server  # benchmarks/soak.py, next to this file
+
+from edgeserve.loop import new_event_loop
+from edgeserve.net.listeners import free_port
+from edgeserve.repository import ModelRepository
+from edgeserve.tools.bench import default_ratios, split_rate
+from edgeserve.tools.demo import DEMO_MODELS, DEMO_SLO_MS
+from edgeserve.wire.frames import HEADER, encode_frame, parse_infer
+from edgeserve.wire.tensors import encode_tensor
+
+STATUS = {"ok": 0, "rejected": 1, "expired": 2}  # anything else (error, invalid, shutdown): 3
+PACK_ID = struct.Struct(">I").pack  # ids as msgpack uint32 (0xce + 4 bytes): a fixed frame length
+WRITE_CAP = 64 * 2**20  # past this many unsent bytes on a connection, new arrivals count as unsent
+TICK = 0.001  # a sender sleeps at least this long: sub-ms sleeps would spin the loop per request
+GAP = "edgeserve_executor_idle_gap_seconds_bucket"
+SCRAPED = {  # summed over models
+    "edgeserve_executor_busy_seconds_total": "busy",
+    "process_cpu_seconds_total": "cpu",
+    "edgeserve_request_duration_seconds_count": "ok_n",  # the server's arrival-to-answer, `ok` only
+    "edgeserve_request_duration_seconds_sum": "ok_s",
+}
+
+# -- the load generator (its own process) ----------------------------------------------------------
+
+
+def frame_head(model: str, spec: dict[str, Any], deadline_ms: float, seed: int) -> bytes:
+    """A whole infer frame but the id's 4 bytes: length, map header, fields, "id", 0xce."""
+    x = np.random.default_rng(seed).standard_normal(spec["input"]["shape"]).astype(spec["input"]["dtype"])
+    fields = {"type": "infer", "model": model, "tensor": encode_tensor(x), "deadline_ms": float(deadline_ms)}
+    packer = msgpack.Packer(use_bin_type=True)
+    body = packer.pack_map_header(len(fields) + 1)
+    body += b"".join(packer.pack(k) + packer.pack(v) for k, v in fields.items()) + packer.pack("id") + b"\xce"
+    head = HEADER.pack(len(body) + 4) + body
+    assert parse_infer(msgpack.unpackb(head[4:] + PACK_ID(7))).id == 7  # what the server will parse
+    return head
+
+
+class Conn(asyncio.Protocol):
+    """One connection: writes pre-encoded frames, decodes replies, records send/answer times."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
+        self.heads: list[bytes] = []
+        self.sent_at: list[float] = []  # by id
+        self.model: list[int] = []  # by id
+        self.ans_id: list[int] = []
+        self.ans_t: list[float] = []
+        self.ans_st: list[int] = []
+        self.unsent, self.lag_sum, self.lag_max = 0, 0.0, 0.0
+        self.refill: list[int] | None = None  # closed loop: model draws, one more sent per answer
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.hello.done():
+            self.hello.set_exception(ConnectionError(f"closed during the hello: {exc}"))
+
+    def data_received(self, data: bytes) -> None:
+        now, buf = time.monotonic(), self.buf
+        buf += data
+        pos, end, answered = 0, len(buf), 0
+        with memoryview(buf) as view:
+            while end - pos >= 4:
+                size = int.from_bytes(view[pos : pos + 4], "big")
+                if end - pos - 4 < size:
+                    break
+                message = msgpack.unpackb(view[pos + 4 : pos + 4 + size])
+                pos += 4 + size
+                if not self.hello.done():
+                    self.hello.set_result(message)
+                    continue
+                self.ans_id.append(message["id"])
+                self.ans_t.append(now)
+                self.ans_st.append(STATUS.get(message["status"], 3))
+                answered += 1
+        del buf[:pos]
+        if answered and self.refill is not None:
+            start = len(self.sent_at)
+            self.write([self.refill[(start + k) & 0xFFFF] for k in range(answered)], now)
+
+    def write(self, models: list[int], now: float) -> None:
+        if self.transport.get_write_buffer_size() > WRITE_CAP or self.transport.is_closing():
+            self.unsent += len(models)
+            return
+        start, heads = len(self.sent_at), self.heads
+        self.transport.write(b"".join([heads[m] + PACK_ID(start + k) for k, m in enumerate(models)]))
+        self.sent_at.extend([now] * len(models))
+        self.model.extend(models)
+
+    async def open_loop(self, t0: float, times: list[float], models: list[int]) -> None:
+        """Send each request at its scheduled time; those due at one wake-up go in one write."""
+        i, n, csum = 0, len(times), np.concatenate([[0.0], np.cumsum(times)])
+        while i < n:
+            now = time.monotonic()
+            j = bisect.bisect_right(times, now - t0, i)
+            if j > i:
+                self.write(models[i:j], now)
+                self.lag_sum += (now - t0) * (j - i) - (csum[j] - csum[i])
+                self.lag_max = max(self.lag_max, now - t0 - times[i])
+                i = j
+            if i < n:
+                await asyncio.sleep(max(TICK, t0 + times[i] - time.monotonic()))
+
+    async def closed_loop(self, window: int, seconds: float) -> None:
+        assert self.refill is not None
+        self.write(self.refill[:window], time.monotonic())
+        await asyncio.sleep(seconds)
+        self.refill = None
+
+    def summary(self, deadlines_s: np.ndarray) -> dict[str, Any]:
+        sent_at, model = np.array(self.sent_at), np.array(self.model, dtype=np.int64)
+        ids, st = np.array(self.ans_id, dtype=np.int64), np.array(self.ans_st, dtype=np.int64)
+        lat = np.array(self.ans_t) - sent_at[ids] if len(ids) else np.zeros(0)
+        ok = st == 0
+        good = int((ok & (lat <= deadlines_s[model[ids]])).sum()) if len(ids) else 0
+        counts = np.bincount(st, minlength=4).tolist()
+        counts = dict(zip(("ok", "rejected", "expired", "other"), counts, strict=True))
+        n = len(sent_at)
+        return counts | {
+            **{"sent": n, "unsent": self.unsent, "lost": n - len(ids), "in_deadline": good},
+            **{"late": counts["ok"] - good, "ok_ms": (lat[ok] * 1e3).astype(np.float32)},
+            **{"lag_mean_ms": 1e3 * self.lag_sum / max(n + self.unsent, 1), "lag_max_ms": 1e3 * self.lag_max},
+        }
+
+
+async def open_conn(target: str) -> tuple[Conn, dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    kind, _, where = target.partition("://")
+    if kind == "unix":
+        transport, conn = await loop.create_unix_connection(Conn, where)
+    else:
+        host, _, port = where.rpartition(":")
+        transport, conn = await loop.create_connection(Conn, host, int(port))
+    conn.transport = transport
+    transport.write(encode_frame({"type": "hello", "version": 1, "client": "overload.py"}))
+    hello = await asyncio.wait_for(conn.hello, 10.0)
+    if hello.get("type") != "hello":
+        raise ConnectionError(f"server refused the hello: {hello}")
+    return conn, hello
+
+
+async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
+    """This process's connections: connect, plan, 'ready', wait for 'go', send, 'sent', drain."""
+    names, seconds = spec["models"], spec["seconds"]
+    opened = [await open_conn(c["target"]) for c in spec["conns"]]
+    plans = []
+    for i, (conn, hello) in enumerate(opened):
+        conn.heads = [
+            frame_head(m, hello["models"][m], spec["deadlines_ms"][k], k) for k, m in enumerate(names)
+        ]
+        rng = np.random.default_rng(spec["seed"] + i)
+        rate, window = spec["conns"][i].get("rate", 0.0), spec["conns"][i].get("window", 0)
+        n = int(rate * seconds + 6 * math.sqrt(rate * seconds) + 10) if rate else 0  # >= the arrivals
+        times = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else np.zeros(0)
+        times = times[times < seconds].tolist()
+        draws = rng.choice(len(names), size=max(len(times), 1 << 16), p=spec["weights"]).tolist()
+        conn.refill = draws if window else None
+        plans.append((times, draws[: len(times)], window))
+    pipe.send(("ready", opened[0][1].get("max_in_flight")))
+    assert pipe.recv() == "go"
+    cpu0, t0 = time.process_time(), time.monotonic()
+    await asyncio.gather(
+        *(
+            c.closed_loop(window, seconds) if window else c.open_loop(t0, times, models)
+            for (c, _), (times, models, window) in zip(opened, plans, strict=True)
+        )
+    )
+    pipe.send(("sent", time.monotonic() - t0, time.process_time() - cpu0))
+    give_up = time.monotonic() + spec["grace"]
+    while time.monotonic() < give_up and any(len(c.ans_id) < len(c.sent_at) for c, _ in opened):
+        await asyncio.sleep(0.01)
+    for c, _ in opened:
+        c.transport.close()
+    deadlines_s = np.array(spec["deadlines_ms"]) / 1e3
+    return {"conns": [c.summary(deadlines_s) for c, _ in opened]}
+
+
+def worker_main(pipe: Connection) -> None:
+    """The load-generator process: one phase per spec received, until None."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the orchestrator's: it ends this process
+    loop = new_event_loop()
+    try:
+        while (spec := pipe.recv()) is not None:
+            try:
+                pipe.send(("done", loop.run_until_complete(run_phase(spec, pipe))))
+            except Exception as exc:  # the orchestrator raises it
+                pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        loop.close()
+
+
+# -- the orchestrator (main process) ---------------------------------------------------------------
+
+
+def scrape(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=15) as response:
+        text = response.read().decode()
+    out: dict[str, Any] = {"busy": 0.0, "cpu": 0.0, "ok_n": 0.0, "ok_s": 0.0, "gap": {}}
+    for name, labels, value in read_exposition(text):
+        if name in SCRAPED:
+            out[SCRAPED[name]] += value
+        elif name == GAP:
+            out["gap"][float(labels["le"])] = value
+    return out | {"t": time.monotonic()}
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus' histogram_quantile over cumulative {le: count}: linear within the bucket."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return math.nan
+    rank, below, lower = q * buckets[bounds[-1]], 0.0, 0.0
+    for i, le in enumerate(bounds):
+        count = buckets[le]
+        if count >= rank:
+            if math.isinf(le):  # as Prometheus: the highest finite bound
+                return bounds[i - 1] if i else math.nan
+            return lower + (le - lower) * (rank - below) / (count - below) if count > below else lower
+        below, lower = count, le
+    return math.nan
+
+
+def _recv(pipe: Connection, timeout: float) -> Any:
+    if not pipe.poll(timeout):
+        raise TimeoutError(f"the load generator did not answer in {timeout:.0f} s")
+    message = pipe.recv()
+    if message[0] == "error":
+        raise RuntimeError(f"load generator: {message[1]}")
+    return message
+
+
+def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) -> dict[str, Any]:
+    """One phase on the load generators together; two scrapes bracket the sending window."""
+    limit = specs[0]["seconds"] + specs[0]["grace"] + 60
+    for pipe, spec in zip(pipes, specs, strict=True):
+        pipe.send(spec)
+    readies = [_recv(pipe, 60) for pipe in pipes]
+    before = scrape(metrics)
+    for pipe in pipes:
+        pipe.send("go")
+    sent = [_recv(pipe, limit) for pipe in pipes]
+    after = scrape(metrics)
+    conns = [c for pipe in pipes for c in _recv(pipe, limit)[1]["conns"]]
+    window, seconds = after["t"] - before["t"], max(s[1] for s in sent)
+    gap = {le: n - before["gap"].get(le, 0.0) for le, n in after["gap"].items()}
+    return {
+        "conns": conns,
+        "seconds": seconds,
+        "max_in_flight": readies[0][1],
+        "client_cpu": sum(s[2] for s in sent) / seconds,
+        "server_cpu": (after["cpu"] - before["cpu"]) / window,
+        "busy": (after["busy"] - before["busy"]) / window,
+        "server_ok_ms": 1e3 * (after["ok_s"] - before["ok_s"]) / max(after["ok_n"] - before["ok_n"], 1),
+        **gap_quantiles(gap),
+    }
+
+
+def gap_quantiles(gap: dict[float, float]) -> dict[str, Any]:
+    """Idle gap P50/P99 in us (nan without the histogram). Where one lies past the highest finite
+    bucket, histogram_quantile answers that bound: flagged `_capped`, shown as ">bound"."""
+    total = gap.get(math.inf, 0.0)
+    beyond = total - max((n for le, n in gap.items() if le != math.inf), default=0.0)
+    out: dict[str, Any] = {}
+    for q in (50, 99):
+        out[f"gap_p{q}_us"] = 1e6 * histogram_quantile(q / 100, gap)
+        out[f"gap_p{q}_us_capped"] = total > 0 and beyond > (1 - q / 100) * total
+    return out
+
+
+RATES = ("ok", "in_deadline", "rejected", "expired", "late", "other")
+
+
+def row(name: str, result: dict[str, Any], capacity: float, target: float | None) -> dict[str, Any]:
+    """One phase summed over its connections; every rate also as a multiple of the capacity."""
+    conns, seconds = result["conns"], result["seconds"]
+    total = {k: sum(c[k] for c in conns) for k in ("sent", "unsent", "lost", *RATES)}
+    ok_ms = np.concatenate([c["ok_ms"] for c in conns])
+    p50, p95, p99 = np.percentile(ok_ms, [50, 95, 99]).tolist() if len(ok_ms) else [math.nan] * 3
+    out: dict[str, Any] = {"level": name, "target_per_s": target, "target_x": (target or 0.0) / capacity}
+    out["offered_per_s"] = (total["sent"] + total["unsent"]) / seconds
+    out |= {f"{k}_per_s": total[k] / seconds for k in RATES}
+    out |= {f"{k}_x": out[f"{k}_per_s"] / capacity for k in ("offered", *RATES)}
+    out |= {"lost": total["lost"], "unsent": total["unsent"], "p50_ms": p50, "p95_ms": p95, "p99_ms": p99}
+    out |= {k: max(c[k] for c in conns) for k in ("lag_mean_ms", "lag_max_ms")}
+    return out | {k: v for k, v in result.items() if k not in ("conns", "max_in_flight")}
+
+
+_COLUMNS = (  # header|row key|format: every rate followed by its multiple of the capacity
+    "level|level|>6 offered/s|offered_per_s|>9.0f x|offered_x|>5.2f in-dl/s|in_deadline_per_s|>8.0f "
+    "x|in_deadline_x|>5.2f rej/s|rejected_per_s|>7.0f x|rejected_x|>5.2f exp/s|expired_per_s|>6.0f "
+    "x|expired_x|>5.2f late/s|late_per_s|>6.0f x|late_x|>5.2f lost|lost|>5 p50ms|p50_ms|>6.2f "
+    "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f busy|busy|>5.2f gap50us|gap_p50_us|>7.0f "
+    "gap99us|gap_p99_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
+)
+COLUMNS = [column.split("|") for column in _COLUMNS.split()]
+HEAD = " ".join(f"{h:{f.split('.')[0]}}" for h, _, f in COLUMNS)
+
+
+def show(r: dict[str, Any]) -> str:
+    cells = []
+    for _, key, spec in COLUMNS:
+        value = r[key]
+        bad = isinstance(value, float) and not math.isfinite(value)
+        if spec.endswith("%"):  # a share as a percentage, without the sign
+            value, spec = 100 * value, spec[:-1] + "f"
+        text = "n/a" if bad else f">{value:.0f}" if r.get(f"{key}_capped") else f"{value:{spec}}"
+        cells.append(f"{text:{spec.split('.')[0]}}")
+    return " ".join(cells)
+
+
+def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("overload: --plot needs matplotlib (pip install matplotlib); no plot written", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["offered_x"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    top = max([*x, 1.0]) * 1.05
+    ax.plot([0, 1, top], [0, 1, 1], color="grey", lw=1, label="ideal: min(offered, capacity)")
+    ax.axhline(0.8, color="tab:red", ls="--", lw=1, label="target: 0.8x capacity")
+    ax.plot(x, [r["in_deadline_x"] for r in rows], marker="o", label="answered ok within deadline")
+    ax.set(xscale="symlog", xlabel="offered load (x measured capacity)", title=title, xlim=(0, top))
+    ax.set_xticks(sorted({round(v, 1) for v in x}), [f"{v:.2g}" for v in sorted({round(v, 1) for v in x})])
+    ax.set(ylabel="in-deadline goodput (x measured capacity)", ylim=(0, 1.15))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_config(
+    path: Path, args: argparse.Namespace, slos: dict[str, float], sock: Path, ports: list[int]
+) -> None:
+    lines = [f"repository = {json.dumps(str(args.repository.resolve()))}", "shutdown_timeout_s = 5.0"]
+    lines += ["[backend]", 'name = "onnxruntime"', "threads = 1"]  # the profile's fingerprint: 1 thread
+    lines += [
+        "[listen]",
+        f"unix = {json.dumps(str(sock))}",
+        'unix_mode = "0600"',
+        f'tcp = "127.0.0.1:{ports[0]}"',
+    ]
+    lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
+    if args.late_tasks:
+        lines += ["[scheduler]", f'late_tasks = "{args.late_tasks}"']
+    for model, slo_ms in slos.items():
+        lines += [f"[models.{json.dumps(model)}]", f"slo_ms = {slo_ms}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--levels", type=float, nargs="+", default=[0.5, 1, 2, 5, 10], help="x capacity")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per level (default 8)")
+    parser.add_argument("--capacity-seconds", type=float, default=5.0, help="closed loop (default 5)")
+    parser.add_argument("--window", type=int, default=32, help="closed loop: in flight per connection")
+    parser.add_argument("--connections", type=int, default=4, help="half UNIX, half TCP (default 4)")
+    parser.add_argument("--deadline-ms", type=float, help="deadline_ms of every request (default: its SLO)")
+    parser.add_argument("--late-tasks", choices=("serve", "expire"), help="[scheduler] late_tasks (serve)")
+    parser.add_argument("--capacity", type=float, help="req/s: use instead of the closed loop's ok/s")
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds between levels")
+    parser.add_argument("--grace", type=float, default=2.0, help="drain: wait this long for answers")
+    parser.add_argument("--no-fairness", action="store_true", help="skip the flood-vs-polite case")
+    parser.add_argument("--repository", type=Path, default=Path("engines"))
+    parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    parser.add_argument("--plot", type=Path, help="goodput vs offered load to this PNG (matplotlib)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    bounded = 1 <= args.connections <= 64 and 1 <= args.window <= 4096 and 0 < args.grace <= 60
+    bounded &= 0 < args.seconds <= 600 and 0 < args.capacity_seconds <= 600 and 0 <= args.pause <= 60
+    bounded &= len(args.levels) <= 20 and all(0 < level <= 100 for level in args.levels)
+    if not bounded or min(args.deadline_ms or 1, args.capacity or 1) <= 0:
+        parser.error(
+            "bounds: --connections 1..64, --window 1..4096, --seconds/--capacity-seconds (0, 600], --grace "
+            "(0, 60], --pause [0, 60], at most 20 --levels in (0, 100], --deadline-ms/--capacity > 0"
+        )
+    return args
+
+
+def sweep(pipes: list[Connection], base: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The closed-loop capacity, then one row per open-loop level and, last, the fairness case."""
+    targets, metrics = base["targets"], base["metrics"]
+    closed = base | {"seconds": args.capacity_seconds, "seed": args.seed}
+    closed["conns"] = [{"target": t, "window": args.window} for t in targets]
+    cap = phase(pipes[:1], [closed], metrics)
+    measured = sum(c["ok"] for c in cap["conns"]) / cap["seconds"]
+    capacity = args.capacity or measured
+    if capacity <= 0:
+        raise RuntimeError("the closed loop got no `ok` answer; see the server log")
+    answered = sum(c["sent"] - c["lost"] for c in cap["conns"]) / cap["seconds"]
+    if measured < 0.9 * answered:
+        print(
+            f"warning: only {measured / answered:.0%} of the closed loop's answers were `ok`, so its ok/s "
+            "understates the capacity: try a smaller --window, or --capacity"
+        )
+    split = split_rate(base["models"], default_ratios(len(base["models"])), capacity)
+    print(
+        f"capacity (closed loop, {len(targets)} connections x {args.window} in flight, {cap['seconds']:.1f} "
+        f"s): {measured:.0f} ok/s{f'; using --capacity {capacity:.0f}' if args.capacity else ''} = "
+        f"{', '.join(f'{m} {r:.0f}/s' for m, r in split.items())}; the server allows "
+        f"{cap['max_in_flight']} in flight per connection\n{HEAD}"
+    )
+    rows = [row("closed", cap, capacity, None) | {"capacity_per_s": capacity, "measured_per_s": measured}]
+    print(show(rows[-1]), flush=True)
+    for k, level in enumerate(args.levels):
+        time.sleep(args.pause)
+        rate = level * capacity
+        spec = base | {"seconds": args.seconds, "seed": args.seed + 100 * (k + 1)}
+        spec["conns"] = [{"target": t, "rate": rate / len(targets)} for t in targets]
+        rows.append(r := row(f"{level:g}x", phase(pipes[:1], [spec], metrics), capacity, rate))
+        print(show(r), flush=True)
+        if r["offered_per_s"] < 0.95 * rate or r["lag_max_ms"] > 50:
+            print(
+                f"{'':>6} client {'behind' if r['offered_per_s'] < 0.95 * rate else 'stalled'}: offered "
+                f"{r['offered_per_s'] / rate:.0%} of {rate:.0f}/s; send lag mean {r['lag_mean_ms']:.1f} ms, "
+                f"max {r['lag_max_ms']:.0f} ms"
+            )
+        if r["unsent"]:
+            print(
+                f"{'':>6} server not reading: {r['unsent']} arrivals unsent "
+                f"({WRITE_CAP // 2**20} MiB already buffered on a connection)"
+            )
+    if not args.no_fairness:
+        time.sleep(args.pause)
+        flood = base | {"seconds": args.seconds, "seed": args.seed + 7}
+        flood["conns"] = [{"target": targets[0], "rate": 10 * capacity}]
+        polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
+        fair = phase(pipes, [flood, polite], metrics)
+        for name, c, spec in zip(("flood", "polite"), fair["conns"], (flood, polite), strict=True):
+            rate, via = spec["conns"][0]["rate"], spec["conns"][0]["target"].split(":")[0]
+            n = c["sent"] + c["unsent"]
+            print(
+                f"fairness {name:>6} ({via}): offered {n / fair['seconds']:.0f}/s of {rate:.0f}/s, "
+                f"in deadline {c['in_deadline']}/{n} = {c['in_deadline'] / max(n, 1):.2%}; "
+                f"rejected {c['rejected']}, expired {c['expired']}, late {c['late']}, lost {c['lost']}, "
+                f"unsent {c['unsent']}, send lag max {c['lag_max_ms']:.0f} ms"
+            )
+        polite_c = fair["conns"][1]
+        share = polite_c["in_deadline"] / max(polite_c["sent"] + polite_c["unsent"], 1)
+        rows.append(row("fair", fair, capacity, 10.1 * capacity) | {"polite_in_deadline": share})
+        print(show(rows[-1]))
+    return rows
+
+
+def verdicts(rows: list[dict[str, Any]], grace: float) -> list[str]:
+    lost = [f"{r['level']} {r['lost']}" for r in rows if r["lost"]]
+    lines = [f"lost (no answer {grace:g} s after the last send): {', '.join(lost) or 'none'}"]
+    for r in rows[1:]:
+        if r["level"] == "fair":
+            share = r["polite_in_deadline"]
+            verdict = "PASS" if share >= 0.99 else "FAIL"
+            lines.append(f"goal, fairness: the polite connection {share:.2%} in deadline (>= 99%): {verdict}")
+        elif r["target_x"] >= 2:
+            verdict = "PASS" if r["in_deadline_x"] >= 0.8 else "FAIL"
+            lines.append(
+                f"goal at {r['level']}: goodput {r['in_deadline_x']:.2f}x capacity (>= 0.8): {verdict}"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    models = list(DEMO_MODELS)
+    if any(not ModelRepository(args.repository).manifest_path(m).exists() for m in models):
+        print(f"overload: no digits models in {args.repository}: run `make demo` first", file=sys.stderr)
+        return 2
+    slos = {m: DEMO_SLO_MS[m] for m in models}
+    workdir = Path(tempfile.mkdtemp(prefix="edgeserve-overload-"))  # short: UNIX socket paths are limited
+    config, sock, log = workdir / "serve.toml", workdir / "edgeserve.sock", workdir / "serve.log"
+    tcp, metrics_port = free_port(), free_port()
+    write_config(config, args, slos, sock, [tcp, metrics_port])
+    ratios = default_ratios(len(models))
+    base: dict[str, Any] = {"models": models, "weights": [r / sum(ratios) for r in ratios]}
+    base["deadlines_ms"] = [args.deadline_ms or slos[m] for m in models]
+    base["targets"] = [f"unix://{sock}", f"tcp://127.0.0.1:{tcp}"] * (args.connections // 2)
+    base["targets"] += [f"unix://{sock}"] * (args.connections % 2)
+    base |= {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "grace": args.grace}
+    print(
+        f"overload: server log {log}; deadline_ms {dict(zip(models, base['deadlines_ms'], strict=True))}; "
+        f"late_tasks {args.late_tasks or 'serve (default)'}"
+    )
+    ctx = mp.get_context("spawn")
+    pipes, ends = zip(*(ctx.Pipe() for _ in range(2)), strict=True)  # the 2nd process: the polite client
+    procs = [ctx.Process(target=worker_main, args=(end,), daemon=True) for end in ends]
+    server = start_server(config, log)
+    try:
+        for proc in procs:
+            proc.start()
+        rows = sweep(list(pipes), base, args)
+    except KeyboardInterrupt:
+        rows = []
+        print("overload: interrupted", file=sys.stderr)
+    finally:
+        for pipe, proc in zip(pipes, procs, strict=True):
+            if proc.is_alive():
+                with contextlib.suppress(OSError):
+                    pipe.send(None)
+                proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        code = stop_server(server)
+        print(f"server exited with code {code}")
+    if code == 0:  # else keep the log
+        shutil.rmtree(workdir, ignore_errors=True)
+    if not rows:
+        return 130
+    print("\n".join(verdicts(rows, args.grace)))
+    capacity = rows[0]["capacity_per_s"]
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"capacity_per_s": capacity, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        levels = [r for r in rows if r["level"] not in ("closed", "fair")]
+        write_plot(levels, args.plot, f"edgeserve under open-loop overload (capacity {capacity:.0f} ok/s)")
+        print(f"wrote {args.plot}")
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
