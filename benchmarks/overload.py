@@ -392,8 +392,8 @@ def write_config(
         f'tcp = "127.0.0.1:{ports[0]}"',
     ]
     lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
-    if args.late_tasks:
-        lines += ["[scheduler]", f'late_tasks = "{args.late_tasks}"']
+    scheduler = {"late_tasks": args.late_tasks, "admission": args.admission}
+    lines += ["[scheduler]", *(f'{k} = "{v}"' for k, v in scheduler.items() if v)]
     for model, slo_ms in slos.items():
         lines += [f"[models.{json.dumps(model)}]", f"slo_ms = {slo_ms}"]
     path.write_text("\n".join(lines) + "\n")
@@ -412,6 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=4, help="half UNIX, half TCP (default 4)")
     parser.add_argument("--deadline-ms", type=float, help="deadline_ms of every request (default: its SLO)")
     parser.add_argument("--late-tasks", choices=("serve", "expire"), help="[scheduler] late_tasks (serve)")
+    parser.add_argument("--admission", choices=("all", "deadline"), help="[scheduler] admission (all)")
     parser.add_argument("--capacity", type=float, help="req/s: use instead of the closed loop's ok/s")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between levels")
     parser.add_argument("--grace", type=float, default=2.0, help="drain: wait this long for answers")

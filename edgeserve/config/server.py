@@ -36,6 +36,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 BACKEND_NAMES = ("onnxruntime", "tensorrt", "torch", "auto")
 PRECISIONS = ("fp32", "fp16")
 LATE_MODES = ("serve", "expire")
+ADMISSION_MODES = ("all", "deadline")
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 64
@@ -107,6 +108,10 @@ class SchedulerConfig:
     late_tasks = "serve": run it anyway, answer `ok` with late=True (the paper's behaviour);
     late_tasks = "expire": answer `expired` at once and spend the accelerator on tasks that can
     still make it (lazy drop, as in Jellyfish). Both count a violation.
+    admission = "deadline": refuse (`rejected`) on arrival a request whose model's queue head has
+    already waited longer than the new request's deadline allows (a task at the tail of a FIFO
+    waits about as long): under overload the server sheds at once what it would serve late, and
+    as the queue drains it admits again; "all" queues every request that fits in max_queue.
     """
 
     policy: str = ""  # empty: edgeserve.scheduler.DEFAULT_POLICY
@@ -115,6 +120,7 @@ class SchedulerConfig:
     urgency: str = "paper"
     urgency_clip: float = 10.0
     late_tasks: str = "serve"
+    admission: str = "all"
 
 
 @dataclass(frozen=True)
@@ -342,7 +348,7 @@ def _scheduler(data: Any) -> SchedulerConfig:
     from edgeserve.scheduler.urgency import URGENCY_FORMS
 
     data = table(data, "scheduler")
-    allowed = ("policy", "quantile", "max_batch", "urgency", "urgency_clip", "late_tasks")
+    allowed = ("policy", "quantile", "max_batch", "urgency", "urgency_clip", "late_tasks", "admission")
     no_unknown(data, allowed, "scheduler")
     policy = data.get("policy", "")
     if policy:
@@ -358,6 +364,7 @@ def _scheduler(data: Any) -> SchedulerConfig:
         urgency=choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
         urgency_clip=float(clip),
         late_tasks=choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
+        admission=choice(data.get("admission", "all"), "scheduler.admission", ADMISSION_MODES),
     )
 
 

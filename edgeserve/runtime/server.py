@@ -237,6 +237,7 @@ class Server:
         self._max_queue = [config.models[n].max_queue for n in self._names]
         self._budget_s = [config.models[n].slo_ms / 1000.0 for n in self._names]
         self._expire_late = config.scheduler.late_tasks == "expire"
+        self._admit_by_deadline = config.scheduler.admission == "deadline"
 
     def _use(self, latency: LatencyModel, policy: Policy, fallback: Policy) -> None:
         """Schedule with these from the next decision on (what start and reload install)."""
@@ -336,6 +337,14 @@ class Server:
         queue = self._queues[m]
         if len(queue) >= self._max_queue[m]:
             return self._refuse(model, Status.REJECTED, now, f"queue of {model!r} is full ({len(queue)})")
+        if self._admit_by_deadline and queue:
+            waited = now - float(queue.arrivals[0])  # a new task at the tail will wait about as long
+            if waited + self._shallowest_s[m] > budget:
+                why = (
+                    f"overloaded: {model!r}'s queue head has waited {waited * 1000:.3g} ms, "
+                    f"past this request's {budget * 1000:.3g} ms deadline"
+                )
+                return self._refuse(model, Status.REJECTED, now, why)
         assert self._loop is not None and self._idle is not None
         task = self._book.add(m, x, self._loop.create_future(), now, budget)
         self.counters.queue_depth[model] = len(queue)

@@ -228,6 +228,30 @@ def test_tasks_that_cannot_make_their_deadline_are_served_late_or_expired(served
     assert snap["violations"] == {"tiny_a": 3}
 
 
+def test_deadline_admission_sheds_what_the_queue_would_make_late_and_admits_once_it_drains(served) -> None:
+    _, models = served
+    factory = HookedFactory(delay_s=0.3)
+    config = _config(served, admission="deadline")
+    x = models["tiny_a"].random_input(1)[0]
+
+    async def main() -> tuple[list[Result], Result]:
+        async with Server(config, backend_factory=factory) as server:
+            running = asyncio.ensure_future(server.infer("tiny_a", x))
+            await asyncio.to_thread(factory.backend.entered.wait, 5)  # the executor is busy 0.3 s
+            head = asyncio.ensure_future(server.infer("tiny_a", x))
+            await asyncio.sleep(0.15)  # the queue head has now waited ~150 ms
+            shed = await server.infer("tiny_a", x, deadline_ms=100)
+            kept = asyncio.ensure_future(server.infer("tiny_a", x, deadline_ms=5000))
+            done = await asyncio.gather(running, head, kept)
+            after = await server.infer("tiny_a", x, deadline_ms=100)  # empty queue: admitted
+            return [shed, *done], after
+
+    (shed, *served_ok), after = run(main())
+    assert shed.status is Status.REJECTED and shed.refused and "overloaded" in (shed.error or "")
+    assert [r.status for r in served_ok] == [Status.OK] * 3
+    assert after.status is Status.OK
+
+
 def test_per_request_deadline_overrides_the_model_slo(served) -> None:
     _, models = served
     x = models["tiny_a"].random_input(1)[0]
