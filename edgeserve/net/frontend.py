@@ -6,7 +6,7 @@ so the server never buffers without bound) and resumes when it drains. Requests 
 `max_in_flight` on one connection are answered `rejected` at once ("too many requests in
 flight"), so a pipelining client learns the limit instead of stalling.
 
-Overload (docs/runtime.md, "Overload"): a refusal must cost far less than a served request, or
+Overload (docs/runtime.md, "The path under overload"): a refusal must cost far less than a served request, or
 the more a client over-sends the less is served. So a request over the window is refused from
 its id alone (its tensor is never decoded or checked), at most FRAMES_PER_TURN frames are handled
 before the loop gets to run its other callbacks (a finished batch's hand-off among them), and the
