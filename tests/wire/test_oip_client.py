@@ -123,7 +123,10 @@ def test_connection_refused_is_kind_connect() -> None:
 async def with_raw_server(answer: bytes | None, body: Callable[[str], Awaitable[None]]) -> None:
     """Run `body(url)` against a TCP server that sends `answer` to every request (None: never answers)."""
 
+    handlers: set[asyncio.Task[Any]] = set()
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.add(asyncio.current_task())  # type: ignore[arg-type]
         await reader.readuntil(b"\r\n\r\n")
         if answer is None:
             await asyncio.sleep(30)
@@ -137,6 +140,9 @@ async def with_raw_server(answer: bytes | None, body: Callable[[str], Awaitable[
         await body(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     finally:
         server.close()
+        for task in handlers:  # a handler still sleeping must not outlive the loop
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
 
 def test_no_answer_within_the_timeout_is_kind_timeout() -> None:
