@@ -52,3 +52,9 @@ def string(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{key}: must be a non-empty string, got {value!r}")
     return value
+
+
+def non_negative_number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+        raise ConfigError(f"{key}: must be a number >= 0, got {value!r}")
+    return float(value)

@@ -18,6 +18,7 @@ from edgeserve.config.checks import (
     ConfigError,
     choice,
     no_unknown,
+    non_negative_number,
     positive_int,
     positive_number,
     string,
@@ -40,6 +41,11 @@ ADMISSION_MODES = ("all", "deadline")
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_MAX_CONNECTIONS = 256  # socket-protocol connections, all listeners together
+DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 192  # a flood on one listener leaves 64 slots to the others
+DEFAULT_MAX_HELLO_BYTES = 4096  # the largest frame accepted before the hello (a hello is tiny)
+DEFAULT_HELLO_TIMEOUT_S = 5.0
+DEFAULT_IDLE_TIMEOUT_S = 300.0  # 0: never close an idle connection
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 INTERPOLATIONS = ("bilinear", "nearest")
 
@@ -76,7 +82,13 @@ class ListenConfig:
     """Where `edgeserve serve` listens and the per-connection limits (see docs/protocol.md).
 
     `tcp` is "host:port"; the host is 127.0.0.1 unless told otherwise. `token`, when set, must be
-    presented in every connection's hello.
+    presented in every connection's hello (and, as `Authorization: Bearer <token>`, on HTTP:
+    the OIP front but its health probes, and the metrics endpoint; docs/oip.md).
+
+    The connection caps count the socket protocol's connections (unix and tcp; the http front is
+    not counted); before its hello a connection may send one frame of at most `max_hello_bytes`
+    and must finish it within `hello_timeout_s`; a greeted connection with nothing in flight that
+    sends nothing for `idle_timeout_s` (0: never) is closed.
     """
 
     unix: Path | None = None
@@ -87,6 +99,11 @@ class ListenConfig:
     token: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_listener: int = DEFAULT_MAX_CONNECTIONS_PER_LISTENER
+    max_hello_bytes: int = DEFAULT_MAX_HELLO_BYTES
+    hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -281,7 +298,21 @@ def _preprocess(data: Any, key: str) -> PreprocessConfig:
 
 def _listen(data: Any) -> ListenConfig:
     data = table(data, "listen")
-    allowed = ("unix", "unix_mode", "unix_group", "tcp", "http", "token", "max_frame_bytes", "max_in_flight")
+    allowed = (
+        "unix",
+        "unix_mode",
+        "unix_group",
+        "tcp",
+        "http",
+        "token",
+        "max_frame_bytes",
+        "max_in_flight",
+        "max_connections",
+        "max_connections_per_listener",
+        "max_hello_bytes",
+        "hello_timeout_s",
+        "idle_timeout_s",
+    )
     no_unknown(data, allowed, "listen")
     unix = data.get("unix")
     if unix is not None:
@@ -308,6 +339,22 @@ def _listen(data: Any) -> ListenConfig:
             data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
         ),
         max_in_flight=positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
+        max_connections=positive_int(
+            data.get("max_connections", DEFAULT_MAX_CONNECTIONS), "listen.max_connections"
+        ),
+        max_connections_per_listener=positive_int(
+            data.get("max_connections_per_listener", DEFAULT_MAX_CONNECTIONS_PER_LISTENER),
+            "listen.max_connections_per_listener",
+        ),
+        max_hello_bytes=positive_int(
+            data.get("max_hello_bytes", DEFAULT_MAX_HELLO_BYTES), "listen.max_hello_bytes", minimum=64
+        ),
+        hello_timeout_s=positive_number(
+            data.get("hello_timeout_s", DEFAULT_HELLO_TIMEOUT_S), "listen.hello_timeout_s"
+        ),
+        idle_timeout_s=non_negative_number(
+            data.get("idle_timeout_s", DEFAULT_IDLE_TIMEOUT_S), "listen.idle_timeout_s"
+        ),
     )
 
 

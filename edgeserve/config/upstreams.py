@@ -7,7 +7,7 @@ names the key path (`upstreams[0].url: ...`), like the rest of the config.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -54,6 +54,7 @@ class UpstreamConfig:
     cooldown_s: float = DEFAULT_COOLDOWN_S
     max_cooldown_s: float = DEFAULT_MAX_COOLDOWN_S
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
+    token: str | None = field(default=None, repr=False)  # sent as Authorization: Bearer <token>
 
 
 def parse_upstreams(data: Any, models: Iterable[str]) -> tuple[UpstreamConfig, ...]:
@@ -82,6 +83,7 @@ _KEYS = (
     "cooldown_s",
     "max_cooldown_s",
     "probe_interval_s",
+    "token",
     "models",
 )
 
@@ -118,6 +120,9 @@ def _upstream(data: Any, key: str, served: tuple[str, ...]) -> UpstreamConfig:
     )
     if max_cooldown < cooldown:
         raise ConfigError(f"{key}.max_cooldown_s: must be >= cooldown_s ({cooldown}), got {max_cooldown}")
+    token = data.get("token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ConfigError(f"{key}.token: must be a non-empty string (the upstream's bearer token)")
     binary, send_deadline = data.get("binary", True), data.get("send_deadline", True)
     for k, flag in (("binary", binary), ("send_deadline", send_deadline)):
         if not isinstance(flag, bool):
@@ -140,6 +145,7 @@ def _upstream(data: Any, key: str, served: tuple[str, ...]) -> UpstreamConfig:
         probe_interval_s=positive_number(
             data.get("probe_interval_s", DEFAULT_PROBE_INTERVAL_S), f"{key}.probe_interval_s"
         ),
+        token=token,
     )
 
 

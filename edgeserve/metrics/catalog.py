@@ -39,6 +39,8 @@ class FrontendCounters(Protocol):
     protocol_errors: int
     refused_auth: int
     expired_on_arrival: int
+    refused_connections: int
+    timed_out_connections: int
     by_status: dict[str, int]
 
 
@@ -209,7 +211,8 @@ def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:
             "protocol_errors",
             "edgeserve_frontend_protocol_errors_total",
             "counter",
-            "Connections closed for a protocol error",
+            "Malformed input: socket frames answered invalid or closing their connection, HTTP requests"
+            " refused as malformed",
         ),
         (
             "discarded",
@@ -221,13 +224,25 @@ def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:
             "refused_auth",
             "edgeserve_frontend_refused_auth_total",
             "counter",
-            "Connections refused for a missing or wrong token",
+            "Socket connections or HTTP requests refused for a missing or wrong token",
         ),
         (
             "expired_on_arrival",
             "edgeserve_frontend_expired_on_arrival_total",
             "counter",
             "Requests whose capture timestamp was already past the SLO on arrival",
+        ),
+        (
+            "refused_connections",
+            "edgeserve_frontend_refused_connections_total",
+            "counter",
+            "Connections refused over listen.max_connections or max_connections_per_listener",
+        ),
+        (
+            "timed_out_connections",
+            "edgeserve_frontend_timed_out_connections_total",
+            "counter",
+            "Connections closed for no hello within hello_timeout_s or idle past idle_timeout_s",
         ),
     )
     families = [Family(name, kind, help_text) for _, name, kind, help_text in simple]

@@ -3,6 +3,11 @@
 It runs on the Server's event loop, because the counters are loop-only: each scrape renders one
 consistent snapshot without locks. Any other path answers 404.
 
+With a `token` (NetServer passes `[listen] token`) every request needs `Authorization: Bearer
+<token>` (401 with `WWW-Authenticate: Bearer` otherwise; Prometheus sends it with
+`authorization: {credentials: ...}` in the scrape config). Bound to a non-loopback address without
+a token it logs a warning at start.
+
     async with MetricsEndpoint(server, MetricsConfig(("127.0.0.1", 8002))) as endpoint:
         print(endpoint.url)   # http://127.0.0.1:8002/metrics
 """
@@ -10,11 +15,12 @@ consistent snapshot without locks. Any other path answers 404.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import MetricsConfig
 from edgeserve.metrics import process
 from edgeserve.metrics.catalog import FrontendCounters, render_metrics
@@ -25,12 +31,15 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 
 class MetricsEndpoint:
     """Serve `server`'s counters (and the frontends', labelled by name) for Prometheus to scrape.
 
     `frontend_stats`: one frontend's counters (labelled "socket") or {name: counters}; the objects
-    are read at every scrape, so pass the live ones.
+    are read at every scrape, so pass the live ones. `token`: the bearer token scrapes must present
+    (None: anyone who reaches the port may scrape).
     """
 
     def __init__(
@@ -38,11 +47,15 @@ class MetricsEndpoint:
         server: Server,
         config: MetricsConfig,
         frontend_stats: FrontendCounters | Mapping[str, FrontendCounters] | None = None,
+        *,
+        token: str | None = None,
     ) -> None:
         if config.listen is None:
             raise ValueError("MetricsEndpoint needs metrics.listen (host, port); port 0 picks a free one")
         self.server = server
         self.config = config
+        self.token = token or None
+        self.refused_auth = 0  # scrapes refused for a missing or wrong token
         if frontend_stats is None:
             self.frontends: dict[str, FrontendCounters] = {}
         elif isinstance(frontend_stats, Mapping):
@@ -64,10 +77,22 @@ class MetricsEndpoint:
     async def _scrape(self, request: web.Request) -> web.Response:
         return web.Response(body=self.render().encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
 
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Bearer token on every path (a 404 is not told apart from a 401 without it)."""
+        if self.token is None or bearer_ok(request.headers.get("Authorization"), self.token):
+            return await handler(request)
+        self.refused_auth += 1
+        return web.json_response(
+            {"error": "a bearer token is required: send 'Authorization: Bearer <[listen] token>'"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="edgeserve-metrics"'},
+        )
+
     async def start(self) -> MetricsEndpoint:
         """Listen; `url` then names the real port (useful with port 0)."""
         assert self.config.listen is not None
-        app = web.Application()
+        app = web.Application(middlewares=[self._authorize])
         app.router.add_get(self.config.path, self._scrape)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -84,6 +109,7 @@ class MetricsEndpoint:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}{self.config.path}"
         _log.info("metrics on %s", self.url)
+        warn_if_exposed(_log, "metrics.listen", bound_host, bound_port, self.token)
         return self
 
     async def close(self) -> None:

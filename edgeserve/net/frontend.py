@@ -18,6 +18,13 @@ and counted in FrontendStats.discarded. A frame over max_frame_bytes or an unrea
 gets an error message and the connection is closed (a peer that breaks framing cannot be
 trusted to resynchronise); a readable request with a bad field gets an `invalid` answer and the
 connection stays open.
+
+Connection limits (docs/protocol.md, "Limits and back-pressure"): past `max_connections` (all
+listeners) or `max_connections_per_listener`, a new connection gets one `error` message and is
+closed. Before its hello a connection may announce a frame of at most `max_hello_bytes`, so an
+unauthenticated connection buffers a few KiB, not a whole `max_frame_bytes` frame; it must finish
+its hello within `hello_timeout_s`. A greeted connection with nothing in flight that sends nothing
+for `idle_timeout_s` is closed. The timers are loop.call_later handles, cancelled on close.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import hmac
 import logging
 import socket
 import time
+import traceback
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +44,7 @@ from edgeserve import __version__
 from edgeserve.config.server import ListenConfig
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Server, Status
+from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
 from edgeserve.wire.frames import (
     HEADER,
     MAX_MODEL_NAME,
@@ -57,6 +66,15 @@ TOO_MANY_IN_FLIGHT = "too many requests in flight"
 FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run (~0.3 ms of work)
 WRITE_HIGH_WATER = 1024 * 1024
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
+
+
+def _describe(exc: BaseException) -> str:
+    """ "Type: message", bounded: an exception's message may quote client data."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__, or one that recursed too deeply
+        text = "(unprintable)"
+    return cut(f"{type(exc).__name__}: {text}")
 
 
 def _ms(value: float) -> float | None:
@@ -88,7 +106,7 @@ def result_message(request_id: int, result: Result, priority: int | None) -> dic
             "batch_size": result.batch_size,
         },
         "priority": priority,
-        "error": result.error,
+        "error": None if result.error is None else cut(result.error, ERROR_TEXT_LIMIT),
     }
 
 
@@ -100,10 +118,26 @@ class Frontend:
         self.listen = listen
         self.stats = FrontendStats()
         self.connections: set[Connection] = set()
+        self.per_listener: dict[str, int] = {}  # admitted open connections by listener ("unix", "tcp")
         self.write_high_water = WRITE_HIGH_WATER  # bytes buffered for one client before reading pauses
 
-    def protocol_factory(self) -> Connection:
-        return Connection(self)
+    def protocol_factory(self, listener: str = "socket") -> Connection:
+        return Connection(self, listener)
+
+    def over_cap(self, listener: str) -> str | None:
+        """Why a new connection on `listener` must be refused, or None when it may stay."""
+        listen = self.listen
+        if len(self.connections) >= listen.max_connections:
+            return (
+                f"too many connections ({listen.max_connections}); try again later "
+                "(the server's listen.max_connections)"
+            )
+        if self.per_listener.get(listener, 0) >= listen.max_connections_per_listener:
+            return (
+                f"too many connections on this listener ({listen.max_connections_per_listener}); "
+                "try again later (the server's listen.max_connections_per_listener)"
+            )
+        return None
 
     def model_table(self) -> dict[str, Any]:
         """What the hello reply tells a client about each served model."""
@@ -136,10 +170,15 @@ class Frontend:
 class Connection(asyncio.Protocol):
     """One client: hello first, then pipelined infer requests answered in completion order."""
 
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, listener: str = "socket") -> None:
         self.frontend = frontend
+        self.listener = listener
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self._admitted = False  # counted in frontend.connections (not refused over the cap)
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0  # loop.time() of the last bytes received
         self._buffer = bytearray()
         self._greeted = False
         self._closing = False
@@ -165,16 +204,33 @@ class Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = str(transport.get_extra_info("peername") or "unix")
-        stats = self.frontend.stats
+        frontend = self.frontend
+        refusal = frontend.over_cap(self.listener)
+        if refusal is not None:
+            frontend.stats.refused_connections += 1  # logged at info by _shed: a flood floods no log
+            self._shed(refusal)
+            return
+        self._admitted = True
+        stats = frontend.stats
         stats.connections += 1
         stats.open_connections += 1
-        self.frontend.connections.add(self)
+        frontend.connections.add(self)
+        frontend.per_listener[self.listener] = frontend.per_listener.get(self.listener, 0) + 1
+        loop = asyncio.get_running_loop()
+        self._last_data = loop.time()
+        self._hello_timer = loop.call_later(frontend.listen.hello_timeout_s, self._on_hello_timeout)
         _log.info("client connected: %s", self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self.frontend.connections.discard(self)
-        self.frontend.stats.open_connections -= 1
+        self._cancel_timers()
+        if not self._admitted:
+            return  # refused over the cap: never counted
+        self._admitted = False
+        frontend = self.frontend
+        frontend.connections.discard(self)
+        frontend.per_listener[self.listener] -= 1
+        frontend.stats.open_connections -= 1
         _log.info("client disconnected: %s (%d requests still in flight)", self.peer, self._in_flight)
 
     @property
@@ -196,6 +252,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return  # after an error: discard until the peer closes
+        self._last_data = asyncio.get_running_loop().time()
         self._buffer += data
         if not self._backlog:
             self._read_frames()
@@ -203,13 +260,20 @@ class Connection(asyncio.Protocol):
     def _read_frames(self) -> None:
         """Handle up to FRAMES_PER_TURN buffered frames; if more are complete, stop reading the
         socket and come back on the next loop turn, after the callbacks that are already due."""
-        limit = self.frontend.listen.max_frame_bytes
+        listen = self.frontend.listen
         buffer = self._buffer
         handled = 0
         while not self._closing and len(buffer) >= HEADER.size:
             (length,) = HEADER.unpack_from(buffer)
-            if length > limit:
-                self._fail(f"frame of {length} bytes exceeds max_frame_bytes {limit}")
+            if not self._greeted:  # an unauthenticated peer buffers a hello's worth, not a frame's
+                hello_limit = min(listen.max_hello_bytes, listen.max_frame_bytes)
+                if length > hello_limit:
+                    self._fail(
+                        f"frame of {length} bytes before the hello exceeds max_hello_bytes {hello_limit}"
+                    )
+                    return
+            elif length > listen.max_frame_bytes:
+                self._fail(f"frame of {length} bytes exceeds max_frame_bytes {listen.max_frame_bytes}")
                 return
             end = HEADER.size + length
             if len(buffer) < end:
@@ -243,23 +307,76 @@ class Connection(asyncio.Protocol):
             self.close()
         return True
 
+    # -- lifecycle limits --------------------------------------------------------------------------
+
+    def _on_hello_timeout(self) -> None:
+        self._hello_timer = None
+        if self._greeted or self._closing:
+            return
+        self.frontend.stats.timed_out_connections += 1
+        timeout = self.frontend.listen.hello_timeout_s
+        self._shed(f"no hello within {timeout:g} s (the server's listen.hello_timeout_s)")
+
+    def _arm_idle_timer(self, delay: float) -> None:
+        self._idle_timer = asyncio.get_running_loop().call_later(delay, self._on_idle_timer)
+
+    def _on_idle_timer(self) -> None:
+        """Close a greeted connection that has had nothing in flight and sent nothing for
+        idle_timeout_s; a busy one (answers in flight or unsent) is looked at again a full period later."""
+        self._idle_timer = None
+        transport = self.transport
+        if self._closing or transport is None:
+            return
+        timeout = self.frontend.listen.idle_timeout_s
+        now = asyncio.get_running_loop().time()
+        if self._in_flight or self._out or self._backlog or transport.get_write_buffer_size():
+            self._last_data = now  # busy: the idle period starts again
+            self._arm_idle_timer(timeout)
+            return
+        idle = now - self._last_data
+        if idle < timeout:
+            self._arm_idle_timer(timeout - idle)
+            return
+        self.frontend.stats.timed_out_connections += 1
+        self._shed(f"idle for {timeout:g} s with nothing in flight (the server's listen.idle_timeout_s)")
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._hello_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._hello_timer = self._idle_timer = None
+
+    def _shed(self, error: str) -> None:
+        """Close for a connection limit, not a protocol fault: one `error` message, then half-close
+        and discard input until the peer closes or FAIL_LINGER_S passes (as _fail does)."""
+        _log.info("closing %s: %s", self.peer, error)
+        self._cancel_timers()
+        self._send({"type": "error", "error": error})
+        self._flush()
+        self._buffer.clear()
+        transport = self.transport
+        if transport is None or self._closing:
+            return
+        self._closing = True
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(FAIL_LINGER_S, transport.close)
+        else:
+            transport.close()
+
     # -- messages ----------------------------------------------------------------------------------
 
     def _on_frame(self, body: bytes) -> None:
+        """One frame. A readable id (after the hello) gets exactly one answer: `invalid` for a bad
+        field, `error` if checking it failed unexpectedly, and the connection stays open; a frame
+        that cannot be read, or has no readable id, gets an `error` message and a close."""
         try:
             message = decode_body(body, self.frontend.listen.max_frame_bytes)
-            kind = message_type(message)
-            if not self._greeted:
-                if kind != "hello":
-                    raise ProtocolError("the first message must be a hello (docs/protocol.md)")
-                self._on_hello(message)
-                return
-            if kind == "hello":
-                raise ProtocolError("hello was already sent on this connection")
-            if self._in_flight >= self.frontend.listen.max_in_flight and id_of(message) is not None:
-                self._refuse_over_window(message)  # cheap: the tensor is never decoded
-                return
-            request = parse_infer(message)
+        except ProtocolError as exc:
+            self._fail(str(exc))
+            return
+        try:
+            request = self._check(message)
         except ProtocolError as exc:
             if exc.request_id is not None and self._greeted:
                 self.frontend.stats.protocol_errors += 1
@@ -267,7 +384,35 @@ class Connection(asyncio.Protocol):
             else:
                 self._fail(str(exc))
             return
-        self._on_request(request)
+        except Exception as exc:  # a fault in the checks (RecursionError, a bug) must not drop the
+            why = _describe(exc)  # connection with the answers of its requests in flight
+            _log.error("a frame from %s could not be checked: %s", self.peer, why)
+            request_id = id_of(message)
+            if request_id is not None and self._greeted:
+                self._reply_now(
+                    request_id, Status.ERROR, f"the server could not check this request: {why}", None
+                )
+            else:
+                self._fail(f"the server could not check this frame: {why}")
+            return
+        if request is not None:
+            self._on_request(request)
+
+    def _check(self, message: dict[str, Any]) -> InferRequest | None:
+        """The infer request to serve, or None when the message was handled here (a hello, a
+        refusal over the window); ProtocolError for a bad message."""
+        kind = message_type(message)
+        if not self._greeted:
+            if kind != "hello":
+                raise ProtocolError("the first message must be a hello (docs/protocol.md)")
+            self._on_hello(message)
+            return None
+        if kind == "hello":
+            raise ProtocolError("hello was already sent on this connection", id_of(message))
+        if self._in_flight >= self.frontend.listen.max_in_flight and id_of(message) is not None:
+            self._refuse_over_window(message)  # cheap: the tensor is never decoded
+            return None
+        return parse_infer(message)
 
     def _on_hello(self, message: dict[str, Any]) -> None:
         hello = parse_hello(message)
@@ -277,6 +422,11 @@ class Connection(asyncio.Protocol):
             self._fail("authentication failed: wrong or missing token", auth=True)
             return
         self._greeted = True
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        if self.frontend.listen.idle_timeout_s > 0:
+            self._arm_idle_timer(self.frontend.listen.idle_timeout_s)
         self._send(
             {
                 "type": "hello",
@@ -317,9 +467,11 @@ class Connection(asyncio.Protocol):
                     capture_ts=request.capture_ts,
                 )
             except Exception as exc:  # never lose an answer, whatever went wrong
-                _log.exception("request %d from %s failed", request.id, self.peer)
+                why = _describe(exc)  # the traceback's frames, not its (unbounded) message
+                trace = "".join(traceback.format_tb(exc.__traceback__))
+                _log.error("request %d from %s failed: %s\n%s", request.id, self.peer, why, trace)
                 future = asyncio.get_running_loop().create_future()
-                future.set_result(Result(Status.ERROR, request.model, error=f"{type(exc).__name__}: {exc}"))
+                future.set_result(Result(Status.ERROR, request.model, error=why))
         self._pending.add(future)
         future.add_done_callback(functools.partial(self._on_result, request))
 
@@ -344,7 +496,7 @@ class Connection(asyncio.Protocol):
         priority = request.priority
         exc = None if future.cancelled() else future.exception()
         if future.cancelled() or exc is not None:
-            why = "request was cancelled" if exc is None else f"{type(exc).__name__}: {exc}"
+            why = "request was cancelled" if exc is None else _describe(exc)
             _log.error("request %d from %s failed: %s", request.id, self.peer, why)
             result, priority = Result(Status.ERROR, request.model, error=why), None
         else:
@@ -391,6 +543,7 @@ class Connection(asyncio.Protocol):
         """
         if not auth:
             self.frontend.stats.protocol_errors += 1
+        error = cut(error, ERROR_TEXT_LIMIT)  # it may quote the client's data
         _log.info("closing %s: %s", self.peer, error)
         self._send({"type": "error", "error": error})
         self._flush()

@@ -2,13 +2,16 @@
 
 A UNIX socket file left behind by a crashed server is removed; one that still answers belongs
 to a live server and is refused. TCP binds to 127.0.0.1 unless the config names another host;
-TCP_NODELAY is set per connection (answers are small and latency-bound).
+TCP_NODELAY is set per connection (answers are small and latency-bound). Each listener tells the
+Frontend its name ("unix", "tcp"), which counts connections per listener for
+listen.max_connections_per_listener.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import grp
 import os
 import socket
@@ -84,7 +87,9 @@ async def open_listeners(frontend: Frontend, listen: ListenConfig) -> Listeners:
         if listen.unix is not None:
             path = listen.unix
             _remove_stale_socket(path)
-            server = await loop.create_unix_server(frontend.protocol_factory, str(path))
+            server = await loop.create_unix_server(
+                functools.partial(frontend.protocol_factory, "unix"), str(path)
+            )
             opened.servers.append(server)
             opened.unix_path = path
             os.chmod(path, listen.unix_mode)
@@ -98,7 +103,9 @@ async def open_listeners(frontend: Frontend, listen: ListenConfig) -> Listeners:
         if listen.tcp is not None:
             host, port = listen.tcp
             try:
-                server = await loop.create_server(frontend.protocol_factory, host, port)
+                server = await loop.create_server(
+                    functools.partial(frontend.protocol_factory, "tcp"), host, port
+                )
             except OSError as exc:
                 raise ListenError(f"listen.tcp {host}:{port}: {exc.strerror or exc}") from None
             opened.servers.append(server)

@@ -10,6 +10,10 @@ late) as response parameters; statuses and parameters are in docs/oip.md.
 It runs on the Server's event loop (the Server is loop-only) and answers every request exactly
 once: a client that disconnects cancels its handler (aiohttp handler_cancellation), which cancels
 its still-queued samples.
+
+Every error answer, aiohttp's own included (unknown route, wrong method, unparsable HTTP, a handler
+fault), is the protocol's `{"error": ...}` JSON; with `[listen] token` set every route but the two
+health probes needs `Authorization: Bearer <token>` (401 otherwise). docs/oip.md has the details.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from edgeserve import __version__
+from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import ListenConfig
 from edgeserve.runtime import FrontendStats, Result, Server, Status
 from edgeserve.wire.oip_codec import (
@@ -35,6 +42,7 @@ from edgeserve.wire.oip_codec import (
     OipMessageError,
     Tensor,
     binary_outputs,
+    clip,
     decode_request,
     encode_response,
 )
@@ -46,6 +54,8 @@ OUTPUT = "logits"
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
 SHUTDOWN_TIMEOUT_S = 2.0  # at close, handlers still running after this long are cancelled
 ACCEPTED_ENCODINGS = ("", "identity", "gzip", "deflate")
+MAX_ERROR_CHARS = 1024  # an error text longer than this is cut (and says so)
+OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")  # answered without the token (probes)
 
 # HTTP status per Result status. A full queue is 429 (back off and retry), shutdown 503 (go elsewhere).
 HTTP_STATUS = {
@@ -64,27 +74,100 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class OipRequestError(Exception):
     """A request the frontend refuses before queueing: `status` and the {"error": ...} text."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
-def error_response(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def error_response(status: int, message: str, headers: Any = None) -> web.Response:
+    """The protocol's error answer: {"error": message}, the message cut to MAX_ERROR_CHARS."""
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}...[cut, {len(message)} chars]"
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+# aiohttp's HTTPException headers that still apply to the JSON answer (405's Allow, 401's challenge).
+_KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
 
 
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error answer carries {"error": ...}, as the protocol says, even aiohttp's own 404/405/413."""
+    """Every error answer carries {"error": ...}, as the protocol says, even aiohttp's own 404/405/413
+    and a fault in a handler (500, logged with its traceback)."""
     try:
         return await handler(request)
     except OipRequestError as exc:
-        return error_response(exc.status, exc.message)
+        return error_response(exc.status, exc.message, exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.text or exc.reason)
+        kept = {k: exc.headers[k] for k in _KEPT_HEADERS if k in exc.headers}
+        return error_response(exc.status, exc.text or exc.reason, kept)
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: there is nobody to answer
+    except Exception as exc:
+        _log.exception("OIP %s %s failed", request.method, clip(request.path))
+        text = f"internal server error ({type(exc).__name__}); the server log has details"
+        return error_response(500, text)
+
+
+class _JsonErrorProtocol(RequestHandler):
+    """aiohttp's per-connection protocol, answering requests it cannot parse (bad request line,
+    headers, chunked body) with the protocol's JSON error instead of text/plain."""
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        plain = super().handle_error(request, status, exc, message)  # logs; raises if already sending
+        stats = getattr(self._manager, "edgeserve_stats", None)
+        if stats is not None and 400 <= status < 500:
+            stats.protocol_errors += 1
+        if status >= 500:
+            text = f"internal server error ({type(exc).__name__ if exc else status})"
+        else:
+            text = f"bad HTTP request: {message or (exc and str(exc)) or status}"
+        answer = error_response(status, text)
+        answer.force_close()
+        del plain
+        return answer
+
+
+class _CountingServer(web.Server):
+    """aiohttp's low-level server, counting connections into `edgeserve_stats` and building
+    _JsonErrorProtocol connections. AppRunner builds a plain web.Server; _Runner retypes it."""
+
+    edgeserve_stats: FrontendStats
+
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self.edgeserve_stats.connections += 1
+        self.edgeserve_stats.open_connections += 1
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self.edgeserve_stats.open_connections = max(0, self.edgeserve_stats.open_connections - 1)
+
+
+class _Runner(web.AppRunner):
+    def __init__(self, app: web.Application, stats: FrontendStats, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._edgeserve_stats = stats
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        if type(server) is web.Server:  # only aiohttp's own class, whose layout we extend
+            server.__class__ = _CountingServer
+            server.edgeserve_stats = self._edgeserve_stats  # type: ignore[attr-defined]
+        return server
 
 
 def _deadline(parameters: dict[str, Any]) -> dict[str, float]:
@@ -100,7 +183,7 @@ def _deadline(parameters: dict[str, Any]) -> dict[str, float]:
         if value is None or name in found:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            raise OipRequestError(400, f"parameters.{key}: must be a positive number, got {value!r}")
+            raise OipRequestError(400, f"parameters.{key}: must be a positive number, got {clip(value)}")
         found[name] = float(value) * scale
     if len(found) > 1:
         raise OipRequestError(400, "parameters: give deadline_ms (or timeout) or capture_ts, not both")
@@ -151,7 +234,8 @@ class OipFrontend:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.listen.max_frame_bytes, middlewares=[_json_errors])
+        middlewares = [_json_errors] if self.listen.token is None else [_json_errors, self._authorize]
+        app = web.Application(client_max_size=self.listen.max_frame_bytes, middlewares=middlewares)
         get, post = app.router.add_get, app.router.add_post
         get("/v2/health/live", self._live)
         get("/v2/health/ready", self._ready)
@@ -167,8 +251,9 @@ class OipFrontend:
     async def start(self) -> str:
         """Listen on listen.http; returns http://host:port (the real port when 0 was asked)."""
         assert self.listen.http is not None
-        runner = web.AppRunner(
+        runner = _Runner(
             self.app(),
+            self.stats,
             access_log=None,
             handle_signals=False,
             handler_cancellation=True,
@@ -188,6 +273,8 @@ class OipFrontend:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}"
         _log.info("Open Inference Protocol on %s", self.url)
+        what = "listen.http (Open Inference Protocol)"
+        warn_if_exposed(_log, what, bound_host, bound_port, self.listen.token)
         return self.url
 
     async def stop_accepting(self) -> None:
@@ -202,6 +289,20 @@ class OipFrontend:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """With [listen] token: `Authorization: Bearer <token>` on every route but the health probes."""
+        assert self.listen.token is not None
+        if request.path in OPEN_PATHS or bearer_ok(request.headers.get("Authorization"), self.listen.token):
+            return await handler(request)
+        self.stats.refused_auth += 1
+        given = "a wrong" if "Authorization" in request.headers else "no"
+        raise OipRequestError(
+            401,
+            f"{given} bearer token: send 'Authorization: Bearer <[listen] token>'",
+            {"WWW-Authenticate": 'Bearer realm="edgeserve"'},
+        )
 
     # -- health and metadata -----------------------------------------------------------------------
 
@@ -227,10 +328,13 @@ class OipFrontend:
         """The served model the path names (404 naming the served ones, or the versions, if not)."""
         model = request.match_info["model"]
         if model not in self.server.models:
-            raise OipRequestError(404, f"unknown model {model!r}; served: {', '.join(self.server.models)}")
+            served = ", ".join(self.server.models)
+            raise OipRequestError(404, f"unknown model {clip(model)}; served: {served}")
         version = request.match_info.get("version")
         if version is not None and version != VERSION:
-            raise OipRequestError(404, f"model {model!r} has no version {version!r}; versions: [{VERSION!r}]")
+            raise OipRequestError(
+                404, f"model {model!r} has no version {clip(version)}; versions: [{VERSION!r}]"
+            )
         return model
 
     async def _model_ready(self, request: web.Request) -> web.Response:
@@ -315,6 +419,8 @@ class OipFrontend:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise OipRequestError(413, too_large) from None
+        except HttpProcessingError as exc:  # a malformed chunked or compressed transfer
+            raise OipRequestError(400, f"request body could not be read: {clip(exc.message)}") from None
         if encoding in ("gzip", "deflate"):
             body = _decompress(body, encoding, limit)
         return body
@@ -328,23 +434,25 @@ class OipFrontend:
         if len(request.inputs) != 1:
             names = [t.name for t in request.inputs]
             raise OipRequestError(
-                400, f"model {model!r} takes one input {inp['name']!r} ({expected}), got {names}"
+                400, f"model {model!r} takes one input {inp['name']!r} ({expected}), got {clip(names)}"
             )
         tensor = request.inputs[0]
         if tensor.name != inp["name"]:
             raise OipRequestError(
-                400, f"model {model!r} has one input named {inp['name']!r}, got {tensor.name!r}"
+                400, f"model {model!r} has one input named {inp['name']!r}, got {clip(tensor.name)}"
             )
         if tensor.datatype != "FP32":
             raise OipRequestError(400, f"input {tensor.name!r}: datatype must be FP32, got {tensor.datatype}")
         shape = tensor.shape
         if len(shape) != 1 + len(inp["dims"]) or shape[1:] != inp["dims"]:
-            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {shape}")
+            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {clip(shape)}")
         if not 1 <= shape[0] <= self._max_samples(model):
-            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {shape}")
+            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {clip(shape)}")
         for output in request.outputs:
             if output.name != OUTPUT:
-                raise OipRequestError(400, f"model {model!r} has one output {OUTPUT!r}, not {output.name!r}")
+                raise OipRequestError(
+                    400, f"model {model!r} has one output {OUTPUT!r}, not {clip(output.name)}"
+                )
         return tensor.data
 
     def _max_samples(self, model: str) -> int:

@@ -47,6 +47,8 @@ class FrontendStats:
     discarded: int = 0  # answers whose client had gone
     protocol_errors: int = 0
     refused_auth: int = 0
+    refused_connections: int = 0  # over listen.max_connections(_per_listener): error frame, closed
+    timed_out_connections: int = 0  # no hello within hello_timeout_s, or idle for idle_timeout_s
     expired_on_arrival: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import logging
 import math
-import numbers
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from edgeserve.scheduler import (
     Wait,
     make_policy,
 )
+from edgeserve.wire.bounds import real, timing_problem
 
 _log = logging.getLogger(__name__)
 
@@ -85,11 +85,6 @@ def _scheduling(tables: list[ProfileTable], sched: SchedulerConfig) -> tuple[Lat
     options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
     policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
     return latency, policy, make_policy(FALLBACK_POLICY, latency, options)
-
-
-def _is_budget(value: object) -> bool:
-    """A usable deadline budget: a finite positive real number (numpy scalars included)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) < math.inf
 
 
 class Server:
@@ -363,18 +358,26 @@ class Server:
     # -- request checks and answers ----------------------------------------------------------------
 
     def _budget(self, m: int, deadline_ms: object, capture_ts: object) -> tuple[float, str | None]:
-        """(seconds from now to the deadline, None) or (nan, what is wrong with the request)."""
-        if deadline_ms is not None and capture_ts is not None:
-            return math.nan, "give deadline_ms or capture_ts, not both"
+        """(seconds from now to the deadline, None) or (nan, what is wrong with the request).
+
+        The bounds are the socket codec's (wire/bounds.timing_problem): deadline_ms from 1 µs to
+        1 day, capture_ts within a day of time.time(); any other value, of any type, is a problem
+        (so `invalid`), never an exception. A capture_ts in range but past the SLO gives a budget
+        <= 0, which the caller answers `expired`.
+        """
+        now = time.time()
+        problem = timing_problem(deadline_ms, capture_ts, now)
+        if problem is not None:
+            return math.nan, problem
         if capture_ts is not None:
-            if not _is_budget(capture_ts):
-                return math.nan, f"capture_ts must be a Unix time in seconds, got {capture_ts!r}"
-            return self._budget_s[m] - (time.time() - float(capture_ts)), None  # type: ignore[arg-type]
+            captured = real(capture_ts)
+            assert captured is not None  # checked by timing_problem
+            return self._budget_s[m] - (now - captured), None
         if deadline_ms is None:
             return self._budget_s[m], None
-        if not _is_budget(deadline_ms):
-            return math.nan, f"deadline_ms must be a positive number of milliseconds, got {deadline_ms!r}"
-        return float(deadline_ms) / 1000.0, None  # type: ignore[arg-type]
+        budget_ms = real(deadline_ms)
+        assert budget_ms is not None  # checked by timing_problem
+        return budget_ms / 1000.0, None
 
     def _input_problem(self, m: int, x: object) -> str | None:
         spec = self._manifests[m].input

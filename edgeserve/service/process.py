@@ -10,16 +10,20 @@ writes those answers, closes the connections and removes the UNIX socket file.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from edgeserve.config.access import warn_if_exposed
 from edgeserve.config.server import ServerConfig
 from edgeserve.metrics.endpoint import MetricsEndpoint
 from edgeserve.net.frontend import Frontend
 from edgeserve.net.listeners import Listeners, open_listeners, require_listener
 from edgeserve.oip.frontend import OipFrontend
 from edgeserve.runtime import BackendFactory, Server, load_config
+
+_log = logging.getLogger(__name__)
 
 
 class NetServer:
@@ -57,9 +61,14 @@ class NetServer:
                 stats = {"socket": self.frontend.stats}
                 if self.oip is not None:
                     stats["http"] = self.oip.stats
-                endpoint = MetricsEndpoint(self.server, self.config.metrics, stats)
+                endpoint = MetricsEndpoint(
+                    self.server, self.config.metrics, stats, token=self.config.listen.token
+                )
                 self.metrics = await endpoint.start()
             self.listeners = await open_listeners(self.frontend, self.config.listen)
+            if self.config.listen.tcp is not None:  # the HTTP and metrics listeners warn for themselves
+                host, port = self.config.listen.tcp
+                warn_if_exposed(_log, "listen.tcp (socket protocol)", host, port, self.config.listen.token)
             if self.oip is not None:
                 await self.oip.start()
         except BaseException:

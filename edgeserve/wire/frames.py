@@ -3,19 +3,22 @@
 A frame is a 4-byte big-endian length followed by that many bytes of one msgpack map. Decoding
 never trusts the peer: msgpack's length limits cap every container at the frame size, maps need
 string keys, and each message is checked field by field into a dataclass, with an error string
-that names the field.
+that names the field. Error strings quote at most a few hundred characters of what was sent
+(`brief`), whatever its size or nesting, and are never longer than about bounds.ERROR_TEXT_LIMIT.
+`deadline_ms` and `capture_ts` have bounds (bounds.timing_problem), shared with Server._budget.
 """
 
 from __future__ import annotations
 
-import math
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from edgeserve.wire.bounds import brief, cut, real, timing_problem
 from edgeserve.wire.tensors import TensorError, decode_tensor
 
 PROTOCOL_VERSION = 1
@@ -28,7 +31,7 @@ class ProtocolError(ValueError):
     """A frame or message is malformed. `request_id` is set when the message's id was readable."""
 
     def __init__(self, message: str, request_id: int | None = None) -> None:
-        super().__init__(message)
+        super().__init__(cut(message))
         self.request_id = request_id
 
 
@@ -51,8 +54,11 @@ def decode_body(body: bytes, max_frame_bytes: int) -> dict[str, Any]:
             max_map_len=max_frame_bytes // 2,
             max_ext_len=0,
         )
+    except RecursionError:
+        raise ProtocolError("frame is not one msgpack value: nested too deeply") from None
     except Exception as exc:  # msgpack raises several types (ExtraData, ValueError, UnicodeError, ...)
-        raise ProtocolError(f"frame is not one msgpack value: {type(exc).__name__}: {exc}") from None
+        # the exception's text can quote the data (ExtraData holds the whole rest of the frame)
+        raise ProtocolError(f"frame is not one msgpack value: {type(exc).__name__}: {_text(exc)}") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"frame must hold a msgpack map, got {type(message).__name__}")
     return message
@@ -78,7 +84,7 @@ class InferRequest:
 def message_type(message: dict[str, Any]) -> str:
     kind = message.get("type")
     if kind not in ("hello", "infer"):
-        raise ProtocolError(f'type must be "hello" or "infer", got {kind!r}', id_of(message))
+        raise ProtocolError(f'type must be "hello" or "infer", got {brief(kind)}', id_of(message))
     return kind
 
 
@@ -86,7 +92,7 @@ def parse_hello(message: dict[str, Any]) -> Hello:
     _only(message, ("type", "version", "token", "client"), None)
     version = message.get("version")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"hello.version must be {PROTOCOL_VERSION}, got {version!r}")
+        raise ProtocolError(f"hello.version must be {PROTOCOL_VERSION}, got {brief(version)}")
     token, client = message.get("token"), message.get("client")
     if token is not None and not isinstance(token, str):
         raise ProtocolError(f"hello.token must be a string, got {type(token).__name__}")
@@ -104,48 +110,41 @@ def id_of(message: dict[str, Any]) -> int | None:
 
 
 def _only(message: dict[str, Any], allowed: tuple[str, ...], request_id: int | None) -> None:
-    unknown = [str(k) for k in message if k not in allowed]
+    unknown = [k for k in message if k not in allowed]
     if unknown:
-        raise ProtocolError(f"unknown fields {unknown[:5]} (allowed: {', '.join(allowed)})", request_id)
+        raise ProtocolError(f"unknown fields {brief(unknown)} (allowed: {', '.join(allowed)})", request_id)
 
 
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _text(exc: BaseException) -> str:
+    """An exception's message, bounded (it may quote client data)."""
+    try:
+        return brief(str(exc))
+    except Exception:  # str() of the exception itself failed (RecursionError, a broken __str__)
+        return "(unprintable)"
 
 
 def parse_infer(message: dict[str, Any]) -> InferRequest:
     """The request, or ProtocolError naming the bad field (with the id once the id is valid)."""
     request_id = id_of(message)
     if request_id is None:
-        raise ProtocolError(f"infer.id must be an integer in 0..2**63-1, got {message.get('id')!r}")
+        raise ProtocolError(f"infer.id must be an integer in 0..2**63-1, got {brief(message.get('id'))}")
     allowed = ("type", "id", "model", "tensor", "deadline_ms", "capture_ts", "priority")
     _only(message, allowed, request_id)
     model = message.get("model")
     if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME:
-        raise ProtocolError(f"infer.model must be a model name, got {model!r:.80}", request_id)
+        raise ProtocolError(f"infer.model must be a model name, got {brief(model, 80)}", request_id)
     try:
         tensor = decode_tensor(message.get("tensor"))
     except TensorError as exc:
         raise ProtocolError(f"infer.{exc}", request_id) from None
     deadline_ms, capture_ts = message.get("deadline_ms"), message.get("capture_ts")
-    if deadline_ms is not None and not (_real(deadline_ms) and deadline_ms > 0):
-        raise ProtocolError(f"infer.deadline_ms must be a positive number, got {deadline_ms!r}", request_id)
-    if capture_ts is not None and not (_real(capture_ts) and capture_ts > 0):
-        raise ProtocolError(
-            f"infer.capture_ts must be a Unix time in seconds, got {capture_ts!r}", request_id
-        )
-    if deadline_ms is not None and capture_ts is not None:
-        raise ProtocolError("infer: give deadline_ms or capture_ts, not both", request_id)
+    problem = timing_problem(deadline_ms, capture_ts, time.time())
+    if problem is not None:
+        separator = ": " if problem.startswith("give ") else "."
+        raise ProtocolError(f"infer{separator}{problem}", request_id)
     priority = message.get("priority")
-    if priority is not None and not (isinstance(priority, int) and not isinstance(priority, bool)):
-        raise ProtocolError(f"infer.priority must be an integer, got {priority!r}", request_id)
+    if priority is not None and type(priority) is not int:
+        raise ProtocolError(f"infer.priority must be an integer, got {brief(priority)}", request_id)
     if priority is not None and not -(2**31) <= priority < 2**31:
-        raise ProtocolError(f"infer.priority must fit in 32 bits, got {priority}", request_id)
-    return InferRequest(
-        request_id,
-        model,
-        tensor,
-        None if deadline_ms is None else float(deadline_ms),
-        None if capture_ts is None else float(capture_ts),
-        priority,
-    )
+        raise ProtocolError(f"infer.priority must fit in 32 bits, got {brief(priority)}", request_id)
+    return InferRequest(request_id, model, tensor, real(deadline_ms), real(capture_ts), priority)

@@ -93,10 +93,13 @@ class OipClient:
 
     `timeout_s` bounds each call (connect + send + full answer); `infer(timeout_s=...)` overrides it
     per call. `max_connections` caps the pooled keep-alive connections (concurrent requests beyond it
-    wait for a free one).
+    wait for a free one). `token` is sent as `Authorization: Bearer <token>` on every call (the
+    server's `[listen] token`).
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 10.0, max_connections: int = 16) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 10.0, max_connections: int = 16, token: str | None = None
+    ) -> None:
         if timeout_s <= 0:
             raise EdgeServeError(f"OipClient timeout_s must be positive, got {timeout_s}")
         if max_connections < 1:
@@ -104,6 +107,7 @@ class OipClient:
         self.url = _base_url(url)
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        self.token = token or None
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> OipClient:
@@ -127,6 +131,7 @@ class OipClient:
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 raise_for_status=False,
+                headers=None if self.token is None else {"Authorization": f"Bearer {self.token}"},
                 auto_decompress=True,
             )
         return self._session

@@ -3,7 +3,13 @@
 One codec for both ends, so the frontend (decode request, encode response) and the offload client
 (encode request, decode response) cannot drift apart. A message is a JSON header, optionally followed
 by raw tensor bytes; `Inference-Header-Content-Length` says where the JSON ends (Triton's binary
-extension). Every malformed message raises OipMessageError naming the field, never a bare KeyError.
+extension). Every malformed message raises OipMessageError naming the field, never a bare KeyError
+(nor a RecursionError: JSON nested deeper than MAX_NESTING is refused); client values quoted in an
+error are cut to CLIP_CHARS (`clip`).
+
+JSON cannot carry NaN or infinities: a float output holding them is rendered with those elements as
+`null` (as KServe's Python server does), and a `null` in float `data` decodes as NaN. The binary
+tensor extension carries them exactly.
 """
 
 from __future__ import annotations
@@ -40,6 +46,19 @@ DATATYPES: dict[str, np.dtype] = {
 _BY_DTYPE = {dtype: name for name, dtype in DATATYPES.items()}
 
 Parameters = dict[str, Any]
+
+CLIP_CHARS = 200  # the most characters of a client's value an error message quotes
+MAX_NESTING = 64  # deepest JSON nesting accepted in `data` (tensors have a handful of dimensions)
+
+
+def clip(value: Any, limit: int = CLIP_CHARS) -> str:
+    """repr(value) for an error message, cut to `limit` characters and marked when cut."""
+    text = repr(value) if not isinstance(value, str) or len(value) <= limit else repr(value[:limit])
+    if isinstance(value, str) and len(value) > limit:
+        return f"{text}...[cut, {len(value)} chars]"
+    if len(text) > limit:
+        return f"{text[:limit]}...[cut, {len(text)} chars]"
+    return text
 
 
 class OipMessageError(EdgeServeError):
@@ -135,7 +154,11 @@ def _tensor_json(tensor: Tensor, binary: bool, blobs: list[bytes]) -> dict[str, 
         except UnicodeDecodeError:
             raise OipMessageError(f"BYTES tensor {tensor.name!r} is not UTF-8 text: send it binary") from None
     else:
-        entry["data"] = tensor.data.reshape(-1).tolist()
+        flat = tensor.data.reshape(-1)
+        values = flat.tolist()
+        if flat.dtype.kind in "fc" and not np.isfinite(flat).all():  # JSON has no NaN/inf: null
+            values = [None if not math.isfinite(v) else v for v in values]
+        entry["data"] = values
     if parameters:
         entry["parameters"] = parameters
     return entry
@@ -191,13 +214,15 @@ def _split(body: bytes, header_length: str | int | None) -> tuple[dict[str, Any]
         try:
             length = int(header_length)
         except (TypeError, ValueError):
-            raise OipMessageError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+            raise OipMessageError(f"{HEADER_LENGTH} must be an integer, got {clip(header_length)}") from None
         if not 0 < length <= len(body):
             raise OipMessageError(f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes")
     try:
         header = json.loads(bytes(memoryview(body)[:length]))
     except (UnicodeDecodeError, ValueError) as exc:
         raise OipMessageError(f"body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise OipMessageError("body is not valid JSON: nested too deeply") from None
     if not isinstance(header, dict):
         raise OipMessageError(f"body must be a JSON object, got {type(header).__name__}")
     return header, memoryview(body)[length:]
@@ -219,15 +244,17 @@ def _parameters(entry: Mapping[str, Any], where: str) -> Parameters:
     return parameters
 
 
-def _flatten(data: Any) -> list[Any]:
-    """Row-major values from a flat or nested JSON list."""
+def _flatten(data: Any, where: str, depth: int = 0) -> list[Any]:
+    """Row-major values from a flat or nested JSON list (at most MAX_NESTING deep)."""
     if not isinstance(data, list):
         return [data]
     if all(not isinstance(x, list) for x in data):
         return data
+    if depth >= MAX_NESTING:
+        raise OipMessageError(f"{where}.data: nested deeper than {MAX_NESTING} lists")
     out: list[Any] = []
     for x in data:
-        out.extend(_flatten(x))
+        out.extend(_flatten(x, where, depth + 1))
     return out
 
 
@@ -236,21 +263,21 @@ def _decode_tensor(entry: Any, where: str, tail: memoryview, offset: int) -> tup
     if not isinstance(entry, dict):
         raise OipMessageError(f"{where}: must be an object")
     name = _field(entry, "name", str, where)
-    where = f"{where} ({name!r})"
+    where = f"{where} ({clip(name)})"
     datatype = _field(entry, "datatype", str, where)
     shape = _field(entry, "shape", list, where)
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise OipMessageError(f"{where}.shape: must be a list of non-negative integers, got {shape!r}")
+        raise OipMessageError(f"{where}.shape: must be a list of non-negative integers, got {clip(shape)}")
     if datatype != "BYTES" and datatype not in DATATYPES:
         known = ", ".join([*DATATYPES, "BYTES"])
-        raise OipMessageError(f"{where}.datatype: unsupported {datatype!r} (supported: {known})")
+        raise OipMessageError(f"{where}.datatype: unsupported {clip(datatype)} (supported: {known})")
     parameters = _parameters(entry, where)
     count = math.prod(shape)
     size = parameters.pop("binary_data_size", None)
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(tail):
             raise OipMessageError(
-                f"{where}: binary_data_size {size!r} exceeds the {len(tail) - offset} bytes left"
+                f"{where}: binary_data_size {clip(size)} exceeds the {len(tail) - offset} bytes left"
             )
         raw = tail[offset : offset + size]
         offset += size
@@ -258,8 +285,12 @@ def _decode_tensor(entry: Any, where: str, tail: memoryview, offset: int) -> tup
     else:
         if "data" not in entry:
             raise OipMessageError(f"{where}: has neither 'data' nor parameters.binary_data_size")
-        array = _from_json(_flatten(entry["data"]), datatype, count, where)
-    return Tensor(name, array.reshape(shape), parameters), offset
+        array = _from_json(_flatten(entry["data"], where), datatype, count, where)
+    try:
+        shaped = array.reshape(shape)
+    except ValueError as exc:
+        raise OipMessageError(f"{where}.shape: {clip(shape)} cannot hold the data ({exc})") from None
+    return Tensor(name, shaped, parameters), offset
 
 
 def _from_bytes(raw: memoryview, datatype: str, count: int, where: str) -> np.ndarray:
@@ -296,6 +327,8 @@ def _from_json(values: list[Any], datatype: str, count: int, where: str) -> np.n
         array[:] = [v.encode() if isinstance(v, str) else v for v in values]
         return array
     dtype = DATATYPES[datatype]
+    if dtype.kind == "f" and None in values:  # null: a NaN or infinity rendered to JSON (see above)
+        values = [math.nan if v is None else v for v in values]
     ok_types: tuple[type, ...] = (
         (bool,) if datatype == "BOOL" else (int, float) if dtype.kind == "f" else (int,)
     )

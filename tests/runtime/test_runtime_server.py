@@ -19,6 +19,7 @@ from edgeserve.loop import run
 from edgeserve.runtime.results import RequestFailed, Result, Status
 from edgeserve.runtime.server import Server
 from edgeserve.scheduler import Drop, Wait
+from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, MIN_DEADLINE_MS
 
 
 @pytest.fixture(scope="module")
@@ -550,8 +551,9 @@ def test_a_server_starts_once(served) -> None:
 @pytest.mark.parametrize("late_tasks", ["serve", "expire"])
 def test_a_vanishing_deadline_affects_only_its_own_request(served, late_tasks: str) -> None:
     """Found by the socket fuzzer: deadline_ms=1e-283, alone in its model's queue, made the scorer
-    overflow, and the policy's failure answered every queued request `error`. Now only that
-    request misses its deadline."""
+    overflow, and the policy's failure answered every queued request `error`. Now such a deadline
+    is `invalid` (below MIN_DEADLINE_MS), and the smallest accepted one (1 us) makes only its own
+    request miss its deadline."""
     root, models = served
     xs = models["tiny_a"].random_input(12, seed=8)
     x_b = models["tiny_b"].random_input(1, seed=9)[0]
@@ -561,7 +563,9 @@ def test_a_vanishing_deadline_affects_only_its_own_request(served, late_tasks: s
         async with Server(config_dict(root, late_tasks=late_tasks), backend_factory=slow) as server:
             first = asyncio.ensure_future(server.infer_batch("tiny_a", xs[:6]))
             await asyncio.sleep(0)
-            tiny = asyncio.ensure_future(server.infer("tiny_b", x_b, deadline_ms=1e-283))
+            tiny = asyncio.ensure_future(server.infer("tiny_b", x_b, deadline_ms=MIN_DEADLINE_MS))
+            vanishing = await server.infer("tiny_b", x_b, deadline_ms=1e-283)
+            assert vanishing.status is Status.INVALID and "deadline_ms" in (vanishing.error or "")
             rest = await server.infer_batch("tiny_a", xs[6:])
             return [*(await first), *rest], await tiny, server.snapshot()["policy_failures"]
 
@@ -571,3 +575,36 @@ def test_a_vanishing_deadline_affects_only_its_own_request(served, late_tasks: s
     assert not any(r.late for r in others)
     assert tiny.status is (Status.OK if late_tasks == "serve" else Status.EXPIRED)
     assert tiny.status is Status.EXPIRED or tiny.late
+
+
+EXTREME_DEADLINES = [5e-324, 1e-283, 0.0, -1, -0.0, math.inf, -math.inf, math.nan, 2**64, 10**400, 1e308]
+EXTREME_DEADLINES += [np.float64(math.nan), np.float32(1e-40), True, "5", [1], {"ms": 5}]
+
+
+def test_deadlines_and_capture_times_at_every_extreme_are_invalid_not_errors(served) -> None:
+    """Server._budget (the embedding API and the HTTP front): any value outside 1 us .. 1 day, or
+    a capture_ts more than a day from the clock, is `invalid` with a short text, never `error`."""
+    _, models = served
+    x = models["tiny_a"].random_input(1)[0]
+    now = time.time()
+    captures = [5e-324, 1.0, -1, math.inf, math.nan, 1e308, 2**64, now + 2 * 86400, now - 2 * 86400, "now"]
+
+    async def main() -> tuple[list[Result], list[Result], list[Result]]:
+        async with Server(_config(served)) as server:
+            deadlines = [await server.infer("tiny_a", x, deadline_ms=d) for d in EXTREME_DEADLINES]  # type: ignore[arg-type]
+            captured = [await server.infer("tiny_a", x, capture_ts=c) for c in captures]  # type: ignore[arg-type]
+            edges = [
+                await server.infer("tiny_a", x, deadline_ms=86_400_000),
+                await server.infer("tiny_a", x, capture_ts=time.time() - 3600),
+                await server.infer("tiny_a", x, capture_ts=time.time() + 60),
+            ]
+            return deadlines, captured, edges
+
+    deadlines, captured, (longest, hour_old, early) = run(main())
+    for value, result in zip(EXTREME_DEADLINES + captures, deadlines + captured, strict=True):
+        assert result.status is Status.INVALID, (value, result)
+        assert len((result.error or "").encode()) <= ERROR_TEXT_LIMIT, value
+    assert "clock" in (captured[-2].error or "") and "in the past" in (captured[-2].error or "")
+    assert longest.status is Status.OK
+    assert hour_old.status is Status.EXPIRED  # within a day of the clock: late, not a bad clock
+    assert early.status is Status.OK  # a minute of clock skew ahead: served

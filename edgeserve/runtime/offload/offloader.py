@@ -87,7 +87,10 @@ class Offloader:
         self.upstreams: list[Upstream] = []
         for config in configs:
             client = OipClient(
-                config.url, timeout_s=config.timeout_ms / 1000.0, max_connections=config.max_in_flight + 1
+                config.url,
+                timeout_s=config.timeout_ms / 1000.0,
+                max_connections=config.max_in_flight + 1,
+                token=config.token,
             )
             breaker = CircuitBreaker(config.failures_to_open, config.cooldown_s, config.max_cooldown_s)
             self.upstreams.append(Upstream(config, client, breaker, LinkEstimator()))

@@ -1,0 +1,268 @@
+"""Connection limits on real sockets and a real Server: the caps on connections (in total and per
+listener), the pre-hello frame limit, the hello and idle timeouts, and the memory they bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from net_support import (
+    ServerThread,
+    hello_frame,
+    net_config,
+    raw_connect,
+    read_frame,
+    read_until_closed,
+    server_thread,
+)
+from runtime_support import HookedFactory, config_dict, profiled_tiny_repository
+from tiny_onnx import TinyModel
+
+from edgeserve.config.checks import ConfigError
+from edgeserve.config.server import ListenConfig, ServerConfig
+from edgeserve.wire.client import BlockingClient, ServerRefused
+from edgeserve.wire.frames import HEADER, encode_frame
+from edgeserve.wire.tensors import encode_tensor
+
+HELLO_BYTES = 4096
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, TinyModel]]:
+    root = tmp_path_factory.mktemp("limits") / "engines"
+    return root, profiled_tiny_repository(root)
+
+
+def _on_loop(srv: ServerThread, fn: Callable[[], Any]) -> Any:
+    """fn() run on the server's loop (its Frontend is only touched there)."""
+
+    async def call() -> Any:
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), srv.loop).result(10)
+
+
+def _buffered(srv: ServerThread) -> int:
+    return int(_on_loop(srv, lambda: sum(len(c._buffer) for c in srv.net.frontend.connections)))
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    until = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < until, "timed out waiting for the server"
+        time.sleep(0.01)
+
+
+def test_defaults_are_documented_values() -> None:
+    listen = ListenConfig()
+    assert (listen.max_connections, listen.max_connections_per_listener) == (256, 192)
+    assert (listen.max_hello_bytes, listen.hello_timeout_s, listen.idle_timeout_s) == (4096, 5.0, 300.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("max_connections", 0, "listen.max_connections: must be an integer >= 1"),
+        ("max_connections_per_listener", "8", "listen.max_connections_per_listener: must be an integer"),
+        ("max_hello_bytes", 16, "listen.max_hello_bytes: must be an integer >= 64"),
+        ("hello_timeout_s", 0, "listen.hello_timeout_s: must be a positive number"),
+        ("idle_timeout_s", -1, "listen.idle_timeout_s: must be a number >= 0"),
+        ("idle_timeout_s", True, "listen.idle_timeout_s: must be a number >= 0"),
+    ],
+)
+def test_limit_keys_are_checked(key: str, value: Any, message: str) -> None:
+    data = {"models": {"m": {"slo_ms": 10}}, "listen": {"unix": "/tmp/x.sock", key: value}}
+    with pytest.raises(ConfigError, match=message):
+        ServerConfig.from_dict(data)
+
+
+def test_idle_timeout_zero_turns_it_off() -> None:
+    data = {"models": {"m": {"slo_ms": 10}}, "listen": {"unix": "/tmp/x.sock", "idle_timeout_s": 0}}
+    assert ServerConfig.from_dict(data).listen.idle_timeout_s == 0.0
+
+
+def test_oversized_header_before_the_hello_gets_an_error_and_others_are_served(
+    served, tmp_path: Path
+) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    with server_thread(net_config(config_dict(root), tmp_path)) as srv:
+        with raw_connect(srv.tcp_url) as sock:
+            sock.sendall(HEADER.pack(HELLO_BYTES + 1) + b"\0" * 100)
+            messages = read_until_closed(sock)
+        assert [m["type"] for m in messages] == ["error"]
+        assert f"before the hello exceeds max_hello_bytes {HELLO_BYTES}" in messages[0]["error"]
+        with BlockingClient(srv.unix_url) as good:
+            assert good.infer("tiny_a", x, timeout=30).ok
+        # a frame over max_hello_bytes right behind the hello, in the same write, is judged by
+        # max_frame_bytes: the hello has been read by then (here: a wrong shape, answered `invalid`)
+        big = np.zeros((4, 32, 32), dtype=np.float32)  # 16 KiB of data
+        request = {"type": "infer", "id": 5, "model": "tiny_a", "tensor": encode_tensor(big)}
+        with raw_connect(srv.tcp_url) as sock:
+            sock.sendall(hello_frame() + encode_frame(request))
+            assert read_frame(sock)["type"] == "hello"
+            answer = read_frame(sock)
+        assert (answer["id"], answer["status"]) == (5, "invalid")
+        assert srv.stats().protocol_errors >= 1
+
+
+def test_a_connection_without_a_hello_is_closed_after_hello_timeout(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    config = net_config(config_dict(root), tmp_path, hello_timeout_s=0.3)
+    with server_thread(config) as srv:
+        with raw_connect(srv.unix_url) as silent, raw_connect(srv.tcp_url) as partial:
+            partial.sendall(HEADER.pack(200) + b"\0" * 10)  # a hello that never completes
+            started = time.monotonic()
+            closed = [read_until_closed(silent), read_until_closed(partial)]
+            elapsed = time.monotonic() - started
+        for messages in closed:
+            assert [m["type"] for m in messages] == ["error"]
+            assert "no hello within 0.3 s" in messages[0]["error"]
+        assert 0.2 < elapsed < 5.0
+        with BlockingClient(srv.tcp_url) as greeted:  # a greeted connection outlives hello_timeout_s
+            time.sleep(0.6)
+            assert greeted.infer("tiny_a", x, timeout=30).ok
+        _wait_for(lambda: srv.stats().open_connections == 0)
+        stats = srv.stats()
+    assert stats.timed_out_connections == 2
+    assert stats.protocol_errors == 0
+
+
+def test_a_greeted_idle_connection_is_closed_after_idle_timeout(served, tmp_path: Path) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    factory = HookedFactory(delay_s=0.8)  # a request in flight longer than the idle timeout
+    config = net_config(config_dict(root), tmp_path, idle_timeout_s=0.3)
+    with server_thread(config, factory) as srv:
+        with raw_connect(srv.unix_url) as sock:
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+            started = time.monotonic()
+            messages = read_until_closed(sock)
+            elapsed = time.monotonic() - started
+        assert [m["type"] for m in messages] == ["error"]
+        assert "idle for 0.3 s with nothing in flight" in messages[0]["error"]
+        assert 0.2 < elapsed < 5.0
+        with raw_connect(srv.tcp_url) as sock:  # busy is not idle: the slow answer arrives
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+            request = {"type": "infer", "id": 1, "model": "tiny_a", "tensor": encode_tensor(x)}
+            sock.sendall(encode_frame(request))
+            answer = read_frame(sock)
+            assert (answer["id"], answer["status"]) == (1, "ok")
+            after = read_until_closed(sock)  # then, idle, it is closed
+        assert [m["type"] for m in after] == ["error"]
+        _wait_for(lambda: srv.stats().open_connections == 0)
+        assert srv.stats().timed_out_connections == 2
+
+
+def test_connections_over_the_total_cap_are_refused_and_the_others_stay_usable(
+    served, tmp_path: Path
+) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    config = net_config(config_dict(root), tmp_path, max_connections=3)
+    with server_thread(config) as srv:
+        clients = [BlockingClient(srv.unix_url), BlockingClient(srv.tcp_url), BlockingClient(srv.unix_url)]
+        try:
+            with raw_connect(srv.tcp_url) as extra:
+                messages = read_until_closed(extra)
+            assert [m["type"] for m in messages] == ["error"]
+            assert messages[0]["error"].startswith("too many connections (3); ")
+            with pytest.raises(ServerRefused, match="too many connections"):
+                BlockingClient(srv.unix_url)
+            for client in clients:
+                assert client.infer("tiny_a", x, timeout=30).ok
+            stats = srv.stats()
+            assert (stats.refused_connections, stats.open_connections, stats.connections) == (2, 3, 3)
+        finally:
+            clients.pop().close()
+        _wait_for(lambda: srv.stats().open_connections == 2)
+        with BlockingClient(srv.tcp_url) as again:  # a freed slot is usable again
+            assert again.infer("tiny_a", x, timeout=30).ok
+        for client in clients:
+            client.close()
+
+
+def test_connections_over_the_per_listener_cap_are_refused_on_that_listener_only(
+    served, tmp_path: Path
+) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(1, seed=3)[0]
+    config = net_config(config_dict(root), tmp_path, max_connections=10, max_connections_per_listener=2)
+    with server_thread(config) as srv:
+        with BlockingClient(srv.tcp_url) as a, BlockingClient(srv.tcp_url) as b:
+            with pytest.raises(ServerRefused, match=r"too many connections on this listener \(2\)"):
+                BlockingClient(srv.tcp_url)
+            with BlockingClient(srv.unix_url) as local, BlockingClient(srv.unix_url) as local2:
+                for client in (a, b, local, local2):
+                    assert client.infer("tiny_a", x, timeout=30).ok
+        assert srv.stats().refused_connections == 1
+
+
+def test_unauthenticated_connections_buffer_a_hello_not_a_frame(served, tmp_path: Path) -> None:
+    """The attack of the finding: 64 connections that announce big frames and send their bodies
+    without a hello. Each may hold at most max_hello_bytes + 4 bytes (docs/protocol.md)."""
+    root, _ = served
+    count = 64
+    bound = count * (HELLO_BYTES + HEADER.size)  # 64 x 4 KiB: 256 KiB (it was 64 x 8 MiB)
+    config = net_config(config_dict(root), tmp_path, hello_timeout_s=2.0, token="s3cret")
+    with server_thread(config) as srv:
+        # 1. bodies of 1 MiB announced: refused at the header, the rest read and discarded
+        senders = [raw_connect(srv.tcp_url) for _ in range(count)]
+        try:
+            for sock in senders:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed first: fine
+                    sock.sendall(HEADER.pack(1 << 20) + b"\0" * (1 << 20))
+                assert _buffered(srv) <= bound
+            for sock in senders:
+                messages = read_until_closed(sock)
+                assert [m["type"] for m in messages] == ["error"]
+                assert "before the hello exceeds max_hello_bytes" in messages[0]["error"]
+        finally:
+            for sock in senders:
+                sock.close()
+        _wait_for(lambda: srv.stats().open_connections == 0)
+        # 2. frames just under the limit that never complete: held until hello_timeout_s, bounded
+        holders = [raw_connect(srv.unix_url) for _ in range(count)]
+        try:
+            for sock in holders:
+                sock.sendall(HEADER.pack(HELLO_BYTES) + b"\0" * (HELLO_BYTES - 1))
+            _wait_for(lambda: _buffered(srv) == count * (HELLO_BYTES + HEADER.size - 1))
+            assert _buffered(srv) <= bound
+            for sock in holders:
+                sock.settimeout(10.0)
+                messages = read_until_closed(sock)
+                assert [m["type"] for m in messages] == ["error"] and "no hello" in messages[0]["error"]
+        finally:
+            for sock in holders:
+                sock.close()
+        _wait_for(lambda: srv.stats().open_connections == 0)
+        assert _buffered(srv) == 0
+        stats = srv.stats()
+    assert stats.timed_out_connections == count
+    assert stats.protocol_errors == count
+
+
+def test_refused_connections_hold_no_slot(served, tmp_path: Path) -> None:
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_connections=1)
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as first:
+        first.sendall(hello_frame())
+        assert read_frame(first)["type"] == "hello"
+        for _ in range(5):
+            with socket.socket(socket.AF_UNIX) as extra:
+                extra.settimeout(10)
+                extra.connect(srv.unix_url.removeprefix("unix://"))
+                assert "too many connections (1)" in read_until_closed(extra)[0]["error"]
+        stats = srv.stats()
+        assert (stats.open_connections, stats.refused_connections) == (1, 5)
+        assert _on_loop(srv, lambda: dict(srv.net.frontend.per_listener)) == {"unix": 1}
