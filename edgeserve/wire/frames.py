@@ -91,7 +91,7 @@ def message_type(message: dict[str, Any]) -> str:
 def parse_hello(message: dict[str, Any]) -> Hello:
     _only(message, ("type", "version", "token", "client"), None)
     version = message.get("version")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # 1.0 and True compare equal to 1
         raise ProtocolError(f"hello.version must be {PROTOCOL_VERSION}, got {brief(version)}")
     token, client = message.get("token"), message.get("client")
     if token is not None and not isinstance(token, str):

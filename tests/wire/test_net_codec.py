@@ -70,8 +70,10 @@ def test_request_validation_names_the_field_and_keeps_the_id() -> None:
     with pytest.raises(ProtocolError, match=r"infer\.id must be an integer") as info:
         parse_infer({"type": "infer", "id": -1, "model": "m", "tensor": tensor})
     assert info.value.request_id is None
-    with pytest.raises(ProtocolError, match=r"hello\.version must be 1"):
-        parse_hello({"type": "hello", "version": 2})
+    for version in (2, 1.0, True, "1", None):  # only the integer 1: 1.0 and True compare equal to it
+        with pytest.raises(ProtocolError, match=r"hello\.version must be 1"):
+            parse_hello({"type": "hello", "version": version})
+    assert parse_hello({"type": "hello", "version": 1}).version == 1
 
 
 def test_bilinear_resize_interpolates_and_nearest_picks_pixels() -> None:
