@@ -347,22 +347,8 @@ class Connection(asyncio.Protocol):
         self._hello_timer = self._idle_timer = None
 
     def _shed(self, error: str) -> None:
-        """Close for a connection limit, not a protocol fault: one `error` message, then half-close
-        and discard input until the peer closes or FAIL_LINGER_S passes (as _fail does)."""
-        _log.info("closing %s: %s", self.peer, error)
-        self._cancel_timers()
-        self._send({"type": "error", "error": error})
-        self._flush()
-        self._buffer.clear()
-        transport = self.transport
-        if transport is None or self._closing:
-            return
-        self._closing = True
-        if transport.can_write_eof():
-            transport.write_eof()
-            asyncio.get_running_loop().call_later(FAIL_LINGER_S, transport.close)
-        else:
-            transport.close()
+        """Close for a connection limit, not a protocol fault (not counted in protocol_errors)."""
+        self._fail(error, protocol_error=False)
 
     # -- messages ----------------------------------------------------------------------------------
 
@@ -419,7 +405,7 @@ class Connection(asyncio.Protocol):
         token = self.frontend.listen.token
         if token is not None and not hmac.compare_digest((hello.token or "").encode(), token.encode()):
             self.frontend.stats.refused_auth += 1
-            self._fail("authentication failed: wrong or missing token", auth=True)
+            self._fail("authentication failed: wrong or missing token", protocol_error=False)
             return
         self._greeted = True
         if self._hello_timer is not None:
@@ -534,17 +520,19 @@ class Connection(asyncio.Protocol):
             self.transport.write(b"".join(self._out))
         self._out.clear()
 
-    def _fail(self, error: str, auth: bool = False) -> None:
-        """An error message, then close: used when the stream or the peer cannot be trusted.
+    def _fail(self, error: str, protocol_error: bool = True) -> None:
+        """An error message, then close: used when the stream or the peer cannot be trusted, and
+        (protocol_error=False: not counted as one) for a refused token or a connection limit.
 
         Our side is half-closed first and later input is discarded, so the error message is not
         lost to a reset caused by closing with the peer's unread bytes; the transport closes when
         the peer does, or after FAIL_LINGER_S.
         """
-        if not auth:
+        if protocol_error:
             self.frontend.stats.protocol_errors += 1
         error = cut(error, ERROR_TEXT_LIMIT)  # it may quote the client's data
         _log.info("closing %s: %s", self.peer, error)
+        self._cancel_timers()
         self._send({"type": "error", "error": error})
         self._flush()
         self._buffer.clear()
