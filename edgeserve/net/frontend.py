@@ -182,6 +182,7 @@ class Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._greeted = False
         self._closing = False
+        self._failing: str | None = None  # the error to send once the answers in flight are out
         self._in_flight = 0
         self._paused = False  # by the write side: the client does not read its answers
         self._backlog = False  # by the read side: frames left in the buffer for the next turn
@@ -250,7 +251,7 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        if self._closing or self._failing is not None:
             return  # after an error: discard until the peer closes
         self._last_data = asyncio.get_running_loop().time()
         self._buffer += data
@@ -263,7 +264,7 @@ class Connection(asyncio.Protocol):
         listen = self.frontend.listen
         buffer = self._buffer
         handled = 0
-        while not self._closing and len(buffer) >= HEADER.size:
+        while not self._closing and self._failing is None and len(buffer) >= HEADER.size:
             (length,) = HEADER.unpack_from(buffer)
             if not self._greeted:  # an unauthenticated peer buffers a hello's worth, not a frame's
                 hello_limit = min(listen.max_hello_bytes, listen.max_frame_bytes)
@@ -490,7 +491,9 @@ class Connection(asyncio.Protocol):
             if result.status is Status.EXPIRED and result.refused:
                 self.frontend.stats.expired_on_arrival += 1
         self._answer(request.id, result, priority)
-        if self._eof and self._in_flight == 0:
+        if self._failing is not None and self._in_flight == 0:
+            self._close_with_error()
+        elif self._eof and self._in_flight == 0:
             self.close()
 
     def _reply_now(
@@ -524,18 +527,25 @@ class Connection(asyncio.Protocol):
         """An error message, then close: used when the stream or the peer cannot be trusted, and
         (protocol_error=False: not counted as one) for a refused token or a connection limit.
 
-        Our side is half-closed first and later input is discarded, so the error message is not
-        lost to a reset caused by closing with the peer's unread bytes; the transport closes when
-        the peer does, or after FAIL_LINGER_S.
+        Input stops at once (later bytes are discarded); the requests already accepted on this
+        connection are still answered, then the error message goes and our side is half-closed,
+        so the message is not lost to a reset caused by closing with the peer's unread bytes; the
+        transport closes when the peer does, or after FAIL_LINGER_S.
         """
+        if self._closing or self._failing is not None:
+            return
         if protocol_error:
             self.frontend.stats.protocol_errors += 1
-        error = cut(error, ERROR_TEXT_LIMIT)  # it may quote the client's data
-        _log.info("closing %s: %s", self.peer, error)
+        self._failing = cut(error, ERROR_TEXT_LIMIT)  # it may quote the client's data
+        _log.info("closing %s: %s", self.peer, self._failing)
         self._cancel_timers()
-        self._send({"type": "error", "error": error})
-        self._flush()
         self._buffer.clear()
+        if self._in_flight == 0:
+            self._close_with_error()
+
+    def _close_with_error(self) -> None:
+        self._send({"type": "error", "error": self._failing})
+        self._flush()
         transport = self.transport
         if transport is None or self._closing:
             return

@@ -209,6 +209,17 @@ def test_after_garbage_the_server_still_serves_a_pipelined_batch(fuzz_server) ->
     assert srv.stats().protocol_errors == errors_before + 1
 
 
+def test_requests_in_flight_are_answered_before_the_error_of_an_unreadable_frame(fuzz_server) -> None:
+    srv, _ = fuzz_server
+    stream = b"".join(encode_frame(_valid_request(i)) for i in (7, 8)) + HEADER.pack(3) + b"\xc1\xc1\xc1"
+    messages = _exchange(srv, stream, greet=True)
+    assert len(messages) == 3 and messages[-1]["type"] == "error"
+    assert sorted((m["type"], m["id"], m["status"]) for m in messages[:2]) == [
+        ("result", 7, "ok"),
+        ("result", 8, "ok"),
+    ]
+
+
 def test_a_valid_frame_on_a_raw_connection_is_answered_before_the_close(fuzz_server) -> None:
     srv, _ = fuzz_server
     messages = _exchange(srv, encode_frame(_valid_request(5)), greet=True)
