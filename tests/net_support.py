@@ -10,10 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeserve.loop import new_event_loop
 from edgeserve.runtime.server import BackendFactory
 from edgeserve.service.process import NetServer
 from edgeserve.wire.frames import HEADER, PROTOCOL_VERSION, decode_body, encode_frame
+from edgeserve.wire.tensors import encode_tensor
 
 
 def net_config(base: dict[str, Any], tmp: Path, **listen: Any) -> dict[str, Any]:
@@ -117,3 +120,10 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
             return None
         chunks += chunk
     return bytes(chunks)
+
+
+def valid_infer(request_id: int = 1) -> dict[str, Any]:
+    """A well-formed infer message for the tiny repository's `tiny_a` (a fuzzer's starting point)."""
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 8, 8)
+    tensor = encode_tensor(x)
+    return {"type": "infer", "id": request_id, "model": "tiny_a", "tensor": tensor, "deadline_ms": 500}

@@ -22,12 +22,19 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from net_support import ServerThread, hello_frame, net_config, raw_connect, read_frame, server_thread
+from net_support import (
+    ServerThread,
+    hello_frame,
+    net_config,
+    raw_connect,
+    read_frame,
+    server_thread,
+    valid_infer,
+)
 from runtime_support import config_dict, profiled_tiny_repository
 
 from edgeserve.wire.client import BlockingClient
 from edgeserve.wire.frames import HEADER, ProtocolError, decode_body, encode_frame, id_of
-from edgeserve.wire.tensors import encode_tensor
 
 MAX_FRAME = 2 * 1024 * 1024
 SEED = 20240611
@@ -105,21 +112,10 @@ def _junk(rng: random.Random) -> bytes:
     return _pack(None)
 
 
-def _valid_fields(request_id: int) -> dict[str, Any]:
-    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 8, 8)
-    return {
-        "type": "infer",
-        "id": request_id,
-        "model": "tiny_a",
-        "tensor": encode_tensor(x),
-        "deadline_ms": 500,
-    }
-
-
 def _mutated(rng: random.Random, request_id: int, closing: bool) -> bytes:
     """One frame body: a valid request with 1-3 structural mutations. With `closing`, the id is made
     unreadable or the nesting deeper than msgpack reads, so the frame ends the connection."""
-    fields = _valid_fields(request_id)
+    fields = valid_infer(request_id)
     items = {k: _pack(v) for k, v in fields.items()}
     tensor = dict(fields["tensor"])
     for _ in range(rng.randint(1, 3)):
@@ -313,11 +309,11 @@ def test_extreme_deadlines_capture_times_and_priorities_are_invalid_over_a_socke
     fuzz_server: ServerThread, fields: dict[str, Any]
 ) -> None:
     del_deadline = "capture_ts" in fields
-    message = {**_valid_fields(41), **fields}
+    message = {**valid_infer(41), **fields}
     if del_deadline:
         del message["deadline_ms"]
     answers = _exchange(
-        fuzz_server, [encode_frame(message)[HEADER.size :], encode_frame(_valid_fields(42))[HEADER.size :]]
+        fuzz_server, [encode_frame(message)[HEADER.size :], encode_frame(valid_infer(42))[HEADER.size :]]
     )
     by_id = {m["id"]: m for m in answers}
     assert [m["type"] for m in answers] == ["result", "result"]
@@ -331,7 +327,7 @@ def test_capture_times_far_from_the_clock_are_invalid_and_recent_old_ones_expire
     now = time.time()
     bodies = []
     for request_id, capture_ts in [(1, now - 2 * 86400), (2, now + 2 * 86400), (3, now - 3600), (4, now)]:
-        message = {**_valid_fields(request_id), "capture_ts": capture_ts}
+        message = {**valid_infer(request_id), "capture_ts": capture_ts}
         del message["deadline_ms"]
         bodies.append(encode_frame(message)[HEADER.size :])
     by_id = {m["id"]: m for m in _exchange(fuzz_server, bodies)}
@@ -349,16 +345,16 @@ def test_the_fuzzer_findings_are_answered_and_the_connection_stays_open(fuzz_ser
     """[0, 2**31-1, 2**31-1] with no data; a 1000-deep model; an 8 MB-class bad shape; a second hello."""
     rng = random.Random(1)
     first = {
-        **_valid_fields(1),
+        **valid_infer(1),
         "tensor": {"dtype": "float32", "shape": [0, 2**31 - 1, 2**31 - 1], "data": b""},
     }
-    deep = {k: _pack(v) for k, v in _valid_fields(2).items()}
+    deep = {k: _pack(v) for k, v in valid_infer(2).items()}
     deep["model"] = b"\x91" * 1000 + _pack("x")
     big = {
-        **_valid_fields(3),
+        **valid_infer(3),
         "tensor": {"dtype": "uint8", "shape": [7, -1], "data": b"\xff" * (MAX_FRAME - 1000)},
     }
-    long_model = {**_valid_fields(4), "model": "m" * (MAX_FRAME - 1000)}
+    long_model = {**valid_infer(4), "model": "m" * (MAX_FRAME - 1000)}
     hello_again = {"type": "hello", "version": 1, "id": 5}
     bodies = [
         encode_frame(first)[HEADER.size :],
@@ -367,7 +363,7 @@ def test_the_fuzzer_findings_are_answered_and_the_connection_stays_open(fuzz_ser
         encode_frame(long_model)[HEADER.size :],
         encode_frame(hello_again)[HEADER.size :],
         _mutated(rng, 6, closing=False),
-        encode_frame(_valid_fields(7))[HEADER.size :],
+        encode_frame(valid_infer(7))[HEADER.size :],
     ]
     answers = _exchange(fuzz_server, bodies)
     by_id = {m["id"]: m for m in answers}

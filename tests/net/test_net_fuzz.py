@@ -17,13 +17,20 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from net_support import ServerThread, hello_frame, net_config, raw_connect, read_frame, server_thread
+from net_support import (
+    ServerThread,
+    hello_frame,
+    net_config,
+    raw_connect,
+    read_frame,
+    server_thread,
+    valid_infer,
+)
 from runtime_support import config_dict, profiled_tiny_repository
 
 from edgeserve.net.frontend import Connection, Frontend
 from edgeserve.wire.client import BlockingClient
 from edgeserve.wire.frames import HEADER, decode_body, encode_frame
-from edgeserve.wire.tensors import encode_tensor
 
 FUZZ = settings(
     max_examples=300,
@@ -41,17 +48,6 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
     config = net_config(config_dict(root), tmp, max_frame_bytes=MAX_FRAME, max_in_flight=8)
     with server_thread(config) as srv, BlockingClient(srv.tcp_url) as witness:
         yield srv, witness
-
-
-def _valid_request(request_id: int = 1) -> dict[str, Any]:
-    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 8, 8)
-    return {
-        "type": "infer",
-        "id": request_id,
-        "model": "tiny_a",
-        "tensor": encode_tensor(x),
-        "deadline_ms": 500,
-    }
 
 
 def _exchange(srv: ServerThread, payload: bytes, greet: bool) -> list[dict[str, Any]]:
@@ -97,7 +93,7 @@ def test_random_bytes_after_hello_never_break_the_server(fuzz_server, payload: b
 @st.composite
 def mutated_frames(draw: st.DrawFn) -> bytes:
     """A valid infer frame with a field replaced, removed or added, or its bytes flipped."""
-    message: dict[str, Any] = _valid_request(draw(st.integers(0, 2**64)))
+    message: dict[str, Any] = valid_infer(draw(st.integers(0, 2**64)))
     junk = st.one_of(
         st.none(),
         st.booleans(),
@@ -122,7 +118,7 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
     try:
         body = msgpack.packb(message, use_bin_type=True)
     except (OverflowError, ValueError):
-        body = msgpack.packb(_valid_request(), use_bin_type=True)
+        body = msgpack.packb(valid_infer(), use_bin_type=True)
     flips = draw(st.lists(st.tuples(st.integers(0, len(body) - 1), st.integers(0, 255)), max_size=3))
     data = bytearray(body)
     for where, value in flips:
@@ -211,7 +207,7 @@ def test_after_garbage_the_server_still_serves_a_pipelined_batch(fuzz_server) ->
 
 def test_requests_in_flight_are_answered_before_the_error_of_an_unreadable_frame(fuzz_server) -> None:
     srv, _ = fuzz_server
-    stream = b"".join(encode_frame(_valid_request(i)) for i in (7, 8)) + HEADER.pack(3) + b"\xc1\xc1\xc1"
+    stream = b"".join(encode_frame(valid_infer(i)) for i in (7, 8)) + HEADER.pack(3) + b"\xc1\xc1\xc1"
     messages = _exchange(srv, stream, greet=True)
     assert len(messages) == 3 and messages[-1]["type"] == "error"
     assert sorted((m["type"], m["id"], m["status"]) for m in messages[:2]) == [
@@ -222,5 +218,5 @@ def test_requests_in_flight_are_answered_before_the_error_of_an_unreadable_frame
 
 def test_a_valid_frame_on_a_raw_connection_is_answered_before_the_close(fuzz_server) -> None:
     srv, _ = fuzz_server
-    messages = _exchange(srv, encode_frame(_valid_request(5)), greet=True)
+    messages = _exchange(srv, encode_frame(valid_infer(5)), greet=True)
     assert [(m["type"], m["id"], m["status"]) for m in messages] == [("result", 5, "ok")]
