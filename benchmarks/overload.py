@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -381,7 +382,7 @@ def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def write_config(
-    path: Path, args: argparse.Namespace, slos: dict[str, float], sock: Path, ports: list[int]
+    path: Path, args: argparse.Namespace, slos: dict[str, float], sock: Path, ports: list[int], admission: str
 ) -> None:
     lines = [f"repository = {json.dumps(str(args.repository.resolve()))}", "shutdown_timeout_s = 5.0"]
     lines += ["[backend]", 'name = "onnxruntime"', "threads = 1"]  # the profile's fingerprint: 1 thread
@@ -392,7 +393,7 @@ def write_config(
         f'tcp = "127.0.0.1:{ports[0]}"',
     ]
     lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
-    scheduler = {"late_tasks": args.late_tasks, "admission": args.admission}
+    scheduler = {"late_tasks": args.late_tasks, "admission": admission}
     lines += ["[scheduler]", *(f'{k} = "{v}"' for k, v in scheduler.items() if v)]
     for model, slo_ms in slos.items():
         lines += [f"[models.{json.dumps(model)}]", f"slo_ms = {slo_ms}"]
@@ -412,7 +413,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=4, help="half UNIX, half TCP (default 4)")
     parser.add_argument("--deadline-ms", type=float, help="deadline_ms of every request (default: its SLO)")
     parser.add_argument("--late-tasks", choices=("serve", "expire"), help="[scheduler] late_tasks (serve)")
-    parser.add_argument("--admission", choices=("all", "deadline"), help="[scheduler] admission (all)")
+    parser.add_argument(
+        "--admission",
+        choices=("all", "deadline"),
+        default="deadline",
+        help="[scheduler] admission (deadline)",
+    )
     parser.add_argument("--capacity", type=float, help="req/s: use instead of the closed loop's ok/s")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between levels")
     parser.add_argument("--grace", type=float, default=2.0, help="drain: wait this long for answers")
@@ -433,9 +439,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def sweep(pipes: list[Connection], base: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+def sweep(
+    pipes: list[Connection], base: dict[str, Any], args: argparse.Namespace, admit: Callable[[], None]
+) -> list[dict[str, Any]]:
     """The closed-loop capacity, then one row per open-loop level and, last, the fairness case."""
     targets, metrics = base["targets"], base["metrics"]
+    # Capacity is what the box serves flat out: the closed loop runs with admission = "all" (a
+    # closed loop that resends each refusal at once would only measure its own spinning); then
+    # `admit` reloads the server with the admission under test.
     closed = base | {"seconds": args.capacity_seconds, "seed": args.seed}
     closed["conns"] = [{"target": t, "window": args.window} for t in targets]
     cap = phase(pipes[:1], [closed], metrics)
@@ -458,6 +469,7 @@ def sweep(pipes: list[Connection], base: dict[str, Any], args: argparse.Namespac
     )
     rows = [row("closed", cap, capacity, None) | {"capacity_per_s": capacity, "measured_per_s": measured}]
     print(show(rows[-1]), flush=True)
+    admit()
     for k, level in enumerate(args.levels):
         time.sleep(args.pause)
         rate = level * capacity
@@ -524,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="edgeserve-overload-"))  # short: UNIX socket paths are limited
     config, sock, log = workdir / "serve.toml", workdir / "edgeserve.sock", workdir / "serve.log"
     tcp, metrics_port = free_port(), free_port()
-    write_config(config, args, slos, sock, [tcp, metrics_port])
+    write_config(config, args, slos, sock, [tcp, metrics_port], "all")
     ratios = default_ratios(len(models))
     base: dict[str, Any] = {"models": models, "weights": [r / sum(ratios) for r in ratios]}
     base["deadlines_ms"] = [args.deadline_ms or slos[m] for m in models]
@@ -533,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     base |= {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "grace": args.grace}
     print(
         f"overload: server log {log}; deadline_ms {dict(zip(models, base['deadlines_ms'], strict=True))}; "
-        f"late_tasks {args.late_tasks or 'serve (default)'}"
+        f"late_tasks {args.late_tasks or 'serve (default)'}; admission {args.admission} (closed loop: all)"
     )
     ctx = mp.get_context("spawn")
     pipes, ends = zip(*(ctx.Pipe() for _ in range(2)), strict=True)  # the 2nd process: the polite client
@@ -542,7 +554,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for proc in procs:
             proc.start()
-        rows = sweep(list(pipes), base, args)
+
+        def admit() -> None:
+            """Reload the server with the admission under test (SIGHUP), and wait until it has."""
+            write_config(config, args, slos, sock, [tcp, metrics_port], args.admission)
+            server.send_signal(signal.SIGHUP)
+            give_up = time.monotonic() + 30
+            while '"reloaded"' not in log.read_text() and "reloaded" not in log.read_text():
+                if time.monotonic() > give_up:
+                    raise RuntimeError(f"the server did not reload its config; see {log}")
+                time.sleep(0.05)
+
+        rows = sweep(list(pipes), base, args, admit)
     except KeyboardInterrupt:
         rows = []
         print("overload: interrupted", file=sys.stderr)

@@ -1,5 +1,7 @@
 """What each front adds: the UNIX and TCP socket paths and the Open Inference Protocol over HTTP
-(binary and JSON tensors) against calling the embedding API directly.
+(binary and JSON tensors) against calling the embedding API directly, and against the physical
+limit: the same model's ONNX Runtime sessions alone in a loop at batch 1 (`session`, the final
+exit, no server at all).
 
 One process, one event loop: the Server, its listeners and the clients share the loop, so the
 added cost below includes the client's encode/decode as well as the server's frame handling. Rounds
@@ -7,7 +9,10 @@ interleave the three paths so machine noise hits them alike. Two measurements pe
 
 - latency: one request at a time (batch 1), p50/p99 in microseconds; "added" is the difference
   from the direct path's percentile;
-- throughput: `--concurrency` requests kept in flight for `--seconds`, requests/s.
+- throughput: `--concurrency` requests kept in flight for `--seconds`, requests/s (the server
+  batches, so the served paths may pass the session alone at batch 1).
+
+The last lines print each path's throughput as a ratio of `session` and of `direct`.
 
 Needs a profiled repository (`make demo` makes `engines/` with the digits models):
 
@@ -27,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from edgeserve.loop import run
+from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.service.process import NetServer
 from edgeserve.wire.client import AsyncClient
 from edgeserve.wire.oip_client import OipClient
@@ -75,6 +82,12 @@ async def main(args: argparse.Namespace) -> None:
             "max_in_flight": 4096,
         },
     }
+    repository = ModelRepository(args.repository)
+    manifest = repository.load_manifest(args.model)
+    alone = OnnxRuntimeBackend(repository, threads=args.threads, warmup=3)
+    alone.load(manifest)  # the sessions alone, on this thread: nothing else runs while they do
+    final = len(manifest.exits) - 1
+
     async with NetServer(config) as net:
         server = net.server
         spec = server.manifest(args.model).input
@@ -99,7 +112,12 @@ async def main(args: argparse.Namespace) -> None:
 
             return call
 
+        async def session(x: np.ndarray) -> str:
+            alone.run(args.model, final, x[None])
+            return "ok"
+
         paths: dict[str, Call] = {
+            "session": session,
             "direct": direct,
             "unix": over(unix),
             "tcp": over(tcp),
@@ -119,6 +137,7 @@ async def main(args: argparse.Namespace) -> None:
         await tcp.close()
         await oip.close()
     sock_dir.rmdir()
+    alone.close()
 
     base50, base99 = (float(np.percentile(lat["direct"], q)) for q in (50, 99))
     print(
@@ -126,6 +145,7 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.concurrency}; ONNX Runtime {args.threads} thread(s)"
     )
     header = f"{'path':<9} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
+    print("(added: over the direct path's percentile)")
     print(header)
     print("-" * len(header))
     for name in paths:
@@ -133,6 +153,14 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"{name:<9} {float(np.mean(rps[name])):>9.0f} {p50:>9.0f} {p99:>9.0f} "
             f"{p50 - base50:>13.0f} {p99 - base99:>13.0f}"
+        )
+    alone50 = float(np.percentile(lat["session"], 50))
+    throughput_of = {name: float(np.mean(rps[name])) for name in paths}
+    for name in ("unix", "tcp", "http-bin", "http-json"):
+        print(
+            f"{name}: {throughput_of[name] / throughput_of['session']:.2f}x the session alone, "
+            f"{throughput_of[name] / throughput_of['direct']:.2f}x direct; "
+            f"p50 {float(np.percentile(lat[name], 50)) - alone50:.0f} us above the session alone"
         )
 
 

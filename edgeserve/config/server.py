@@ -125,10 +125,12 @@ class SchedulerConfig:
     late_tasks = "serve": run it anyway, answer `ok` with late=True (the paper's behaviour);
     late_tasks = "expire": answer `expired` at once and spend the accelerator on tasks that can
     still make it (lazy drop, as in Jellyfish). Both count a violation.
-    admission = "deadline": refuse (`rejected`) on arrival a request whose model's queue head has
-    already waited longer than the new request's deadline allows (a task at the tail of a FIFO
-    waits about as long): under overload the server sheds at once what it would serve late, and
-    as the queue drains it admits again; "all" queues every request that fits in max_queue.
+    admission = "deadline" (the default): refuse (`rejected`) on arrival a request whose model's
+    queue head has already waited longer than half the new request's deadline allows (a task at
+    the tail of a FIFO waits about as long, and the answer's way back needs the rest): under
+    overload the server sheds at once what it would serve late, and as the queue drains it admits
+    again (not with upstreams: the offloader sends such work upstream instead); "all" queues every
+    request that fits in max_queue.
     """
 
     policy: str = ""  # empty: edgeserve.scheduler.DEFAULT_POLICY
@@ -137,7 +139,7 @@ class SchedulerConfig:
     urgency: str = "paper"
     urgency_clip: float = 10.0
     late_tasks: str = "serve"
-    admission: str = "all"
+    admission: str = "deadline"
 
 
 @dataclass(frozen=True)
@@ -411,7 +413,7 @@ def _scheduler(data: Any) -> SchedulerConfig:
         urgency=choice(data.get("urgency", "paper"), "scheduler.urgency", URGENCY_FORMS),
         urgency_clip=float(clip),
         late_tasks=choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
-        admission=choice(data.get("admission", "all"), "scheduler.admission", ADMISSION_MODES),
+        admission=choice(data.get("admission", "deadline"), "scheduler.admission", ADMISSION_MODES),
     )
 
 

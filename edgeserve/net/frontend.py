@@ -30,14 +30,17 @@ for `idle_timeout_s` is closed. The timers are loop.call_later handles, cancelle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import logging
 import socket
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, cast
 
+import msgpack
 import numpy as np
 
 from edgeserve import __version__
@@ -51,14 +54,16 @@ from edgeserve.wire.frames import (
     PROTOCOL_VERSION,
     InferRequest,
     ProtocolError,
+    SampleSpec,
     decode_body,
     encode_frame,
+    fast_infer,
     id_of,
     message_type,
     parse_hello,
     parse_infer,
 )
-from edgeserve.wire.tensors import encode_tensor
+from edgeserve.wire.tensors import DTYPES, encode_tensor
 
 _log = logging.getLogger(__name__)
 
@@ -81,6 +86,21 @@ def _ms(value: float) -> float | None:
     return None if value != value else round(value, 4)  # nan -> None (msgpack has no nan-free float)
 
 
+_NATIVE = {np.dtype(name): name for name in DTYPES if np.dtype(name).newbyteorder("<") == np.dtype(name)}
+
+
+def output_field(output: object) -> dict[str, Any] | None:
+    """The wire form of an output: a C-ordered native array of a sendable dtype (the backend's
+    rows) without the general encoder's copies and dtype look-ups."""
+    if output is None:
+        return None
+    if type(output) is np.ndarray and output.flags.c_contiguous:
+        name = _NATIVE.get(output.dtype)
+        if name is not None:
+            return {"dtype": name, "shape": list(output.shape), "data": output.tobytes()}
+    return encode_tensor(np.asarray(output))
+
+
 def result_message(request_id: int, result: Result, priority: int | None) -> dict[str, Any]:
     """The wire form of a Result (docs/protocol.md, "result")."""
     exit_info = None
@@ -90,24 +110,52 @@ def result_message(request_id: int, result: Result, priority: int | None) -> dic
             "name": result.exit_name,
             "accuracy": result.expected_accuracy,
         }
+    queued, start, end = result.queued, result.start, result.end
+    status = result.status
     return {
         "type": "result",
         "id": request_id,
-        "status": result.status.value,
+        "status": status.value,
         "model": result.model,
-        "output": None if result.output is None else encode_tensor(np.asarray(result.output)),
+        "output": output_field(result.output),
         "exit": exit_info,
-        "late": bool(result.status is Status.OK and result.late),
+        "late": status is Status.OK and end > result.deadline,
         "served_by": result.served_by,
         "timings": {
-            "queue_ms": _ms(result.queue_ms),
-            "service_ms": _ms(result.service_ms),
-            "total_ms": _ms(result.total_ms),
+            "queue_ms": _ms((start - queued) * 1000.0),
+            "service_ms": _ms((end - start) * 1000.0),
+            "total_ms": _ms((end - queued) * 1000.0),
             "batch_size": result.batch_size,
         },
         "priority": priority,
         "error": None if result.error is None else cut(result.error, ERROR_TEXT_LIMIT),
     }
+
+
+@dataclass(frozen=True)
+class RefusalFrame:
+    """A refusal's answer as bytes around its id: msgpack writes the map's fields in order and
+    "id" is the second, so two refusals of one kind (status, model, error, priority) differ only
+    there. Under overload most answers are refusals; this spares each the encoder."""
+
+    head: bytes  # map header, "type": "result", "id"
+    tail: bytes  # the fields after the id
+
+    @classmethod
+    def of(cls, result: Result, priority: int | None) -> RefusalFrame:
+        message = result_message(0, result, priority)
+        assert list(message)[:2] == ["type", "id"]
+        body = msgpack.packb(message, use_bin_type=True)
+        head = msgpack.packb({"type": "result", "id": 0})[:-1]  # without the id (0 is one byte)
+        head = body[:1] + head[1:]  # the whole map's header
+        return cls(head, body[len(head) + 1 :])
+
+    def frame(self, request_id: int) -> bytes:
+        rid = msgpack.packb(request_id)
+        return HEADER.pack(len(self.head) + len(rid) + len(self.tail)) + self.head + rid + self.tail
+
+
+CACHED_REFUSALS = (Status.REJECTED, Status.SHUTDOWN)  # their error texts do not vary per request
 
 
 class Frontend:
@@ -120,6 +168,42 @@ class Frontend:
         self.connections: set[Connection] = set()
         self.per_listener: dict[str, int] = {}  # admitted open connections by listener ("unix", "tcp")
         self.write_high_water = WRITE_HIGH_WATER  # bytes buffered for one client before reading pauses
+        self.in_flight = 0  # accepted requests not answered yet, all connections
+        self._drained: asyncio.Event | None = None  # set when in_flight reaches 0 (drain waits on it)
+        self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
+        self._refusals: dict[tuple[object, ...], RefusalFrame] = {}
+
+    def refusal(self, result: Result, priority: int | None) -> RefusalFrame:
+        """The cached frame for a refusal like `result` (answered at once: queued == end); the
+        cache is bounded (priorities and models named by clients vary)."""
+        key = (result.status, result.model, result.error, priority, result.served_by)
+        frame = self._refusals.get(key)
+        if frame is None:
+            if len(self._refusals) >= 1024:
+                self._refusals.clear()
+            frame = self._refusals[key] = RefusalFrame.of(result, priority)
+        return frame
+
+    @property
+    def specs(self) -> dict[str, SampleSpec]:
+        """Per model served as it is (no camera preprocess): what fast_infer accepts. Recomputed
+        when a reload installs a new config (preprocess tables may change)."""
+        config = self.server.config
+        if self._specs[0] is not config:
+            specs = {}
+            for name in self.server.models:
+                if config.models[name].preprocess is None:
+                    spec = self.server.manifest(name).input
+                    sample = SampleSpec.of(spec.dtype, tuple(spec.shape))
+                    if sample is not None:
+                        specs[name] = sample
+            self._specs = (config, specs)
+        return self._specs[1]
+
+    def answered(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._drained is not None:
+            self._drained.set()
 
     def protocol_factory(self, listener: str = "socket") -> Connection:
         return Connection(self, listener)
@@ -156,11 +240,18 @@ class Frontend:
             }
         return table
 
+    def stop_reading(self) -> None:
+        """Shutdown: read no new frames on any connection; what is read is still answered."""
+        for connection in self.connections:
+            connection.stop_reading()
+
     async def drain(self, timeout: float) -> None:
         """Wait (bounded) until every connection's requests have been answered."""
-        pending = [f for c in self.connections for f in c.pending]
-        if pending:
-            await asyncio.wait(pending, timeout=timeout)
+        if self.in_flight > 0:
+            self._drained = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            self._drained = None
 
     def close_all(self) -> None:
         for connection in list(self.connections):
@@ -187,15 +278,23 @@ class Connection(asyncio.Protocol):
         self._paused = False  # by the write side: the client does not read its answers
         self._backlog = False  # by the read side: frames left in the buffer for the next turn
         self._eof = False
-        self._pending: set[asyncio.Future[Result]] = set()
         self._out: list[bytes] = []  # frames to write at the end of this loop turn
+        self._stopped = False  # shutdown: no more reading
+        self._reading = False  # inside _read_frames (an answer given there must not close under it)
+        self._jobs: set[asyncio.Future[None]] = set()  # camera frames being preprocessed
 
     # -- transport callbacks -----------------------------------------------------------------------
 
     @property
-    def pending(self) -> set[asyncio.Future[Result]]:
-        """The answers still to come, one per accepted request."""
-        return set(self._pending)
+    def in_flight(self) -> int:
+        """Accepted requests still to be answered."""
+        return self._in_flight
+
+    def stop_reading(self) -> None:
+        """No more frames from this client (shutdown); the ones already read are answered."""
+        self._stopped = True
+        if self.transport is not None and not self._closing:
+            self.transport.pause_reading()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -247,7 +346,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.transport is not None and self._paused and not self._closing:
             self._paused = False
-            if not self._backlog:
+            if not self._backlog and not self._stopped:
                 self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -258,14 +357,23 @@ class Connection(asyncio.Protocol):
         if not self._backlog:
             self._read_frames()
 
-    def _read_frames(self) -> None:
-        """Handle up to FRAMES_PER_TURN buffered frames; if more are complete, stop reading the
+    def _read_frames(self, limit: int | None = FRAMES_PER_TURN) -> None:
+        """Handle up to `limit` buffered frames (None: all); if more are complete, stop reading the
         socket and come back on the next loop turn, after the callbacks that are already due."""
+        self._reading = True
+        try:
+            self._read_some(limit)
+        finally:
+            self._reading = False
+        if self._eof and self._in_flight == 0 and not self._backlog:
+            self.close()
+
+    def _read_some(self, limit: int | None) -> None:
         listen = self.frontend.listen
         buffer = self._buffer
-        handled = 0
-        while not self._closing and self._failing is None and len(buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(buffer)
+        size, pos, handled = len(buffer), 0, 0
+        while not self._closing and self._failing is None and size - pos >= HEADER.size:
+            (length,) = HEADER.unpack_from(buffer, pos)
             if not self._greeted:  # an unauthenticated peer buffers a hello's worth, not a frame's
                 hello_limit = min(listen.max_hello_bytes, listen.max_frame_bytes)
                 if length > hello_limit:
@@ -276,17 +384,23 @@ class Connection(asyncio.Protocol):
             elif length > listen.max_frame_bytes:
                 self._fail(f"frame of {length} bytes exceeds max_frame_bytes {listen.max_frame_bytes}")
                 return
-            end = HEADER.size + length
-            if len(buffer) < end:
+            end = pos + HEADER.size + length
+            if size < end:
                 break
-            if handled == FRAMES_PER_TURN:
-                self._set_backlog(True)
-                asyncio.get_running_loop().call_soon(self._read_frames)
-                return
-            body = bytes(buffer[HEADER.size : end])
-            del buffer[:end]
+            if handled == limit:
+                break
+            body = buffer[pos + HEADER.size : end]  # one copy; the buffer is trimmed once, below
+            pos = end
             self._on_frame(body)
             handled += 1
+        if self._failing is not None or self._closing:
+            return  # _fail cleared the buffer
+        del buffer[:pos]
+        more = handled == limit and len(buffer) >= HEADER.size
+        if more and len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]:
+            self._set_backlog(True)
+            asyncio.get_running_loop().call_soon(self._read_frames)
+            return
         self._set_backlog(False)
 
     def _set_backlog(self, backlog: bool) -> None:
@@ -296,7 +410,7 @@ class Connection(asyncio.Protocol):
         self._backlog = backlog
         if backlog and not self._paused:
             self.transport.pause_reading()
-        elif not backlog and not self._paused:
+        elif not backlog and not self._paused and not self._stopped:
             self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
@@ -304,9 +418,13 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return False
         self._eof = True
-        if self._in_flight == 0:
-            self.close()
+        if self._in_flight == 0 and not self._backlog:
+            self._read_frames(limit=None)  # the frames left, then the close (nothing in flight)
         return True
+
+    def _complete_frame(self) -> bool:
+        buffer = self._buffer
+        return len(buffer) >= HEADER.size and len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]
 
     # -- lifecycle limits --------------------------------------------------------------------------
 
@@ -357,11 +475,21 @@ class Connection(asyncio.Protocol):
         """One frame. A readable id (after the hello) gets exactly one answer: `invalid` for a bad
         field, `error` if checking it failed unexpectedly, and the connection stays open; a frame
         that cannot be read, or has no readable id, gets an `error` message and a close."""
+        frontend = self.frontend
         try:
-            message = decode_body(body, self.frontend.listen.max_frame_bytes)
+            message = decode_body(body, frontend.listen.max_frame_bytes)
         except ProtocolError as exc:
             self._fail(str(exc))
             return
+        if self._greeted:
+            full = self._in_flight >= frontend.listen.max_in_flight
+            if full and message.get("type") == "infer" and id_of(message) is not None:
+                self._refuse_over_window(message)  # cheap: the tensor is never decoded
+                return
+            fast = fast_infer(message, frontend.specs)
+            if fast is not None:
+                self._on_fast(*fast)
+                return
         try:
             request = self._check(message)
         except ProtocolError as exc:
@@ -426,74 +554,104 @@ class Connection(asyncio.Protocol):
         )
 
     def _refuse_over_window(self, message: dict[str, Any]) -> None:
-        """A request past this connection's window: `rejected` from its id, model and priority."""
-        self.frontend.stats.requests += 1
+        """A request past this connection's window: `rejected` from its id, model and priority,
+        written from a cached frame (only the id differs between two such answers)."""
+        frontend = self.frontend
+        frontend.stats.requests += 1
         model, priority = message.get("model"), message.get("priority")
         model = model if isinstance(model, str) and len(model) <= MAX_MODEL_NAME else ""
         priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
-        self._reply_now(message["id"], Status.REJECTED, TOO_MANY_IN_FLIGHT, priority, model)
+        by_status = frontend.stats.by_status
+        by_status["rejected"] = by_status.get("rejected", 0) + 1
+        if self._closing:
+            frontend.stats.discarded += 1
+            return
+        result = Result(Status.REJECTED, model, queued=0.0, end=0.0, error=TOO_MANY_IN_FLIGHT)
+        self._write(frontend.refusal(result, priority).frame(message["id"]))
+
+    def _on_fast(
+        self,
+        request_id: int,
+        model: str,
+        x: np.ndarray,
+        deadline_ms: float | None,
+        capture_ts: float | None,
+        priority: int | None,
+    ) -> None:
+        """A request that passed fast_infer: straight to the Server, its answer to `_on_answer`."""
+        frontend = self.frontend
+        frontend.stats.requests += 1
+        if self._in_flight >= frontend.listen.max_in_flight:
+            self._reply_now(request_id, Status.REJECTED, TOO_MANY_IN_FLIGHT, priority, model)
+            return
+        self._in_flight += 1
+        frontend.in_flight += 1
+        reply = functools.partial(self._on_answer, request_id, priority)
+        try:
+            frontend.server.enqueue(model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts)
+        except Exception as exc:  # never lose an answer, whatever went wrong
+            self._on_error(request_id, model, priority, exc)
 
     def _on_request(self, request: InferRequest) -> None:
-        stats = self.frontend.stats
-        stats.requests += 1
-        if self._in_flight >= self.frontend.listen.max_in_flight:
+        frontend = self.frontend
+        frontend.stats.requests += 1
+        if self._in_flight >= frontend.listen.max_in_flight:
             self._reply_now(request.id, Status.REJECTED, TOO_MANY_IN_FLIGHT, request.priority, request.model)
             return
         self._in_flight += 1
-        server = self.frontend.server
-        pre = server.config.models.get(request.model)
-        future: asyncio.Future[Result]
-        if pre is not None and pre.preprocess is not None and request.tensor.dtype == np.uint8:
-            future = asyncio.ensure_future(self._preprocess_and_submit(request))
-        else:
-            try:
-                future = server.submit(
+        frontend.in_flight += 1
+        reply = functools.partial(self._on_answer, request.id, request.priority)
+        config = frontend.server.config.models.get(request.model)
+        try:
+            if config is not None and config.preprocess is not None and request.tensor.dtype == np.uint8:
+                job = asyncio.ensure_future(self._preprocess_and_enqueue(request, reply))
+                self._jobs.add(job)  # a reference, so the job is not collected half-way
+                job.add_done_callback(self._jobs.discard)
+            else:
+                frontend.server.enqueue(
                     request.model,
                     request.tensor,
+                    reply,
                     deadline_ms=request.deadline_ms,
                     capture_ts=request.capture_ts,
                 )
-            except Exception as exc:  # never lose an answer, whatever went wrong
-                why = _describe(exc)  # the traceback's frames, not its (unbounded) message
-                trace = "".join(traceback.format_tb(exc.__traceback__))
-                _log.error("request %d from %s failed: %s\n%s", request.id, self.peer, why, trace)
-                future = asyncio.get_running_loop().create_future()
-                future.set_result(Result(Status.ERROR, request.model, error=why))
-        self._pending.add(future)
-        future.add_done_callback(functools.partial(self._on_result, request))
+        except Exception as exc:  # never lose an answer, whatever went wrong
+            self._on_error(request.id, request.model, request.priority, exc)
 
-    async def _preprocess_and_submit(self, request: InferRequest) -> Result:
-        """A camera frame (uint8 HWC): resize and convert off the loop, then submit."""
+    def _on_error(self, request_id: int, model: str, priority: int | None, exc: Exception) -> None:
+        why = _describe(exc)  # the traceback's frames, not its (unbounded) message
+        trace = "".join(traceback.format_tb(exc.__traceback__))
+        _log.error("request %d from %s failed: %s\n%s", request_id, self.peer, why, trace)
+        self._on_answer(request_id, priority, Result(Status.ERROR, model, error=why))
+
+    async def _preprocess_and_enqueue(self, request: InferRequest, reply: functools.partial[None]) -> None:
+        """A camera frame (uint8 HWC): resize and convert off the loop, then queue; one answer."""
         server = self.frontend.server
-        pre = server.config.models[request.model].preprocess
-        assert pre is not None
-        shape = tuple(server.manifest(request.model).input.shape)
         try:
-            x = await asyncio.to_thread(preprocess_frame, request.tensor, pre, shape)
-        except PreprocessError as exc:
-            return Result(Status.INVALID, request.model, error=str(exc))
-        return await server.submit(
-            request.model, x, deadline_ms=request.deadline_ms, capture_ts=request.capture_ts
-        )
+            pre = server.config.models[request.model].preprocess
+            assert pre is not None
+            shape = tuple(server.manifest(request.model).input.shape)
+            try:
+                x = await asyncio.to_thread(preprocess_frame, request.tensor, pre, shape)
+            except PreprocessError as exc:
+                reply(Result(Status.INVALID, request.model, error=str(exc)))
+                return
+            server.enqueue(
+                request.model, x, reply, deadline_ms=request.deadline_ms, capture_ts=request.capture_ts
+            )
+        except Exception as exc:  # never lose an answer
+            self._on_error(request.id, request.model, request.priority, exc)
 
-    def _on_result(self, request: InferRequest, future: asyncio.Future[Result]) -> None:
-        """Write a request's answer, whatever happened to it (exactly one per accepted request)."""
-        self._pending.discard(future)
+    def _on_answer(self, request_id: int, priority: int | None, result: Result) -> None:
+        """Write a request's answer (exactly one per accepted request; the Server calls it once)."""
         self._in_flight -= 1
-        priority = request.priority
-        exc = None if future.cancelled() else future.exception()
-        if future.cancelled() or exc is not None:
-            why = "request was cancelled" if exc is None else _describe(exc)
-            _log.error("request %d from %s failed: %s", request.id, self.peer, why)
-            result, priority = Result(Status.ERROR, request.model, error=why), None
-        else:
-            result = future.result()
-            if result.status is Status.EXPIRED and result.refused:
-                self.frontend.stats.expired_on_arrival += 1
-        self._answer(request.id, result, priority)
+        self.frontend.answered()
+        if result.status is Status.EXPIRED and result.refused:
+            self.frontend.stats.expired_on_arrival += 1
+        self._answer(request_id, result, priority)
         if self._failing is not None and self._in_flight == 0:
             self._close_with_error()
-        elif self._eof and self._in_flight == 0:
+        elif self._eof and self._in_flight == 0 and not self._reading:
             self.close()
 
     def _reply_now(
@@ -504,19 +662,26 @@ class Connection(asyncio.Protocol):
 
     def _answer(self, request_id: int, result: Result, priority: int | None) -> None:
         stats = self.frontend.stats
-        stats.by_status[result.status.value] = stats.by_status.get(result.status.value, 0) + 1
+        status = result.status
+        stats.by_status[status.value] = stats.by_status.get(status.value, 0) + 1
         if self._closing:
             stats.discarded += 1
             return
-        self._send(result_message(request_id, result, priority))
+        if status in CACHED_REFUSALS and result.end == result.queued:
+            self._write(self.frontend.refusal(result, priority).frame(request_id))
+        else:
+            self._write(encode_frame(result_message(request_id, result, priority)))
 
     def _send(self, message: dict[str, Any]) -> None:
+        self._write(encode_frame(message))
+
+    def _write(self, frame: bytes) -> None:
         """Queue a frame; the frames of one loop turn leave in one write."""
         if self.transport is None or self._closing:
             return
         if not self._out:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._out.append(encode_frame(message))
+        self._out.append(frame)
 
     def _flush(self) -> None:
         if self._out and self.transport is not None and not self.transport.is_closing():
@@ -539,7 +704,7 @@ class Connection(asyncio.Protocol):
         self._failing = cut(error, ERROR_TEXT_LIMIT)  # it may quote the client's data
         _log.info("closing %s: %s", self.peer, self._failing)
         self._cancel_timers()
-        self._buffer.clear()
+        self._buffer = bytearray()
         if self._in_flight == 0:
             self._close_with_error()
 
@@ -557,6 +722,14 @@ class Connection(asyncio.Protocol):
             transport.close()
 
     def close(self) -> None:
+        """Answer the frames already read (a shutdown's close too: their answers say `shutdown`),
+        write what is queued, then close."""
+        reading = not self._closing and not self._reading and self._failing is None and self._greeted
+        if reading and self._complete_frame():
+            self._stopped = True
+            self._read_frames(limit=None)
+            if self._closing:
+                return  # reading the last frames closed the connection (its peer half-closed)
         self._flush()
         self._closing = True
         if self.transport is not None and not self.transport.is_closing():

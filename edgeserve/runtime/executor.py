@@ -2,15 +2,18 @@
 
 load(), run() and close() all happen on that thread (ORT sessions are then created on the thread
 that runs them). The event loop never runs inference itself. A batch is handed over with
-`submit`, whose callback reaches the loop in one wake-up when the batch ends, so the next
-decision is not queued behind a chain of tasks. Batches are stacked here, off the loop: a copy of
-a few KB to MB would otherwise stall arrivals.
+`submit`, whose callback reaches the loop in one wake-up when the batch ends. With `follow`, the
+next batch is decided on this thread as soon as one ends, before the loop hears of it: under load
+the loop is busy with reads and answers, and the executor would otherwise idle for a loop turn
+between batches. Batches are stacked here, off the loop: a copy of a few KB to MB would otherwise
+stall arrivals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +25,10 @@ import numpy as np
 from edgeserve.manifest import Manifest
 from edgeserve.runtime.backends.base import Backend
 
+_log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A batch to run: model, exit, samples, and the callback to call on the loop with its BatchRun.
+Job = tuple[str, int, Sequence[np.ndarray], Callable[["BatchRun"], object]]
 
 
 @dataclass(frozen=True)
@@ -64,25 +70,39 @@ class Executor:
         await self.call(self._backend.load, manifest)
 
     def submit(
-        self, model: str, exit: int, samples: Sequence[np.ndarray], done: Callable[[BatchRun], object]
+        self,
+        model: str,
+        exit: int,
+        samples: Sequence[np.ndarray],
+        done: Callable[[BatchRun], object],
+        follow: Callable[[], Job | None] | None = None,
     ) -> None:
         """Stack `samples`, run them at `exit` on the executor thread, then call `done(run)` on the
-        calling loop; a backend exception comes back in BatchRun.error. Raises RuntimeError if the
-        executor is not open or already closed."""
+        calling loop; a backend exception comes back in BatchRun.error. `follow`, called on the
+        executor thread as each batch ends and before its `done` is sent, returns the next batch
+        to run at once, or None. Raises RuntimeError if the executor is not open or closed."""
         backend = self._backend
         if backend is None:
             raise RuntimeError("executor is not open")
         loop = asyncio.get_running_loop()
 
         def _run() -> None:
-            batch = np.stack(samples)
-            start = time.monotonic()
-            try:
-                run = BatchRun(backend.run(model, exit, batch), None, start, time.monotonic())
-            except Exception as exc:  # answered as `error` results; the server keeps serving
-                run = BatchRun(None, exc, start, time.monotonic())
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-                loop.call_soon_threadsafe(done, run)
+            job: Job | None = (model, exit, samples, done)
+            while job is not None:
+                name, at, batch_samples, callback = job
+                batch = np.stack(batch_samples)
+                start = time.monotonic()
+                try:
+                    run = BatchRun(backend.run(name, at, batch), None, start, time.monotonic())
+                except Exception as exc:  # answered as `error` results; the server keeps serving
+                    run = BatchRun(None, exc, start, time.monotonic())
+                try:
+                    job = None if follow is None or loop.is_closed() else follow()
+                except Exception:  # the loop decides instead, when `done` reaches it
+                    _log.exception("deciding the next batch on the executor thread failed")
+                    job = None
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+                    loop.call_soon_threadsafe(callback, run)
 
         self._pool.submit(_run)
 

@@ -34,9 +34,13 @@ class RequestFailed(EdgeServeError):
         self.result = result
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Result:
     """One request's answer. Times are seconds on time.monotonic(); nan where a stage never happened.
+
+    Treat it as read-only. It is not frozen because a frozen dataclass costs 2-3 us more to build,
+    and the server builds one per request on its event loop (docs/runtime.md, "The path under
+    overload").
 
     queued: arrival at the server; dispatch: the scheduler picked its batch; start/end: the batch
     ran on the executor between these. `deadline` is absolute (queued + budget).

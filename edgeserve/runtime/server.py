@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.counters import Counters
-from edgeserve.runtime.executor import BatchRun, Executor
+from edgeserve.runtime.executor import BatchRun, Executor, Job
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.tasks import Task, TaskBook
@@ -53,6 +54,10 @@ TIMER_SLACK_S = 1e-3  # event-loop timers are ms-granular: fire a Wait's wake-up
 # When the configured policy raises (a bug, or a state it cannot score), this simple rule decides
 # instead, so one bad decision never fails the requests queued behind it.
 FALLBACK_POLICY = "early-exit-edf"
+# admission = "deadline": the share of a request's budget the server's own predicted part (queue
+# wait, answer delay, shortest service) may take; the rest is the client's and the sockets'.
+ADMISSION_SHARE = 0.5
+LAG_WEIGHT = 0.2  # EWMA weight of the latest batch's answer delay (batch end -> loop callback)
 
 
 def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
@@ -87,6 +92,19 @@ def _scheduling(tables: list[ProfileTable], sched: SchedulerConfig) -> tuple[Lat
     return latency, policy, make_policy(FALLBACK_POLICY, latency, options)
 
 
+def _resolve(future: asyncio.Future[Result], result: Result) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _deliver(reply: Callable[[Result], object], result: Result) -> None:
+    """Hand a Result to its front; a front's fault must not cost the other answers of a batch."""
+    try:
+        reply(result)
+    except Exception:
+        _log.exception("a front failed to take the answer of a %r request", result.model)
+
+
 class Server:
     """Serve the configured models until closed: `async with Server(config) as server: ...`.
 
@@ -107,6 +125,7 @@ class Server:
         self._take_settings(self.config)
         self.counters = Counters()
         self._manifests: list[Manifest] = []
+        self._inputs: list[tuple[np.dtype[Any], tuple[int, ...]]] = []  # per model: dtype, sample shape
         self._book = TaskBook(len(self._names))
         self._queues = self._book.queues  # the scheduler's view of the book
         self._executor: Executor | None = None
@@ -124,6 +143,11 @@ class Server:
         self._close_task: asyncio.Future[None] | None = None
         self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
         self._busy_until = 0.0  # predicted end of the running batch (the offload planner reads it)
+        self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
+        # The queues and the busy state are shared with the executor thread, which decides the
+        # next batch itself as one ends (`_follow`): every change to them holds this lock
+        # (reentrant: a failing policy answers the queued requests while the loop holds it).
+        self._lock = threading.RLock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -140,6 +164,7 @@ class Server:
         config = self.config
         repository = ModelRepository(Path(config.repository))
         self._manifests = await asyncio.to_thread(lambda: [repository.load_manifest(n) for n in self._names])
+        self._inputs = [(np.dtype(m.input.dtype), tuple(m.input.shape)) for m in self._manifests]
         executor = Executor(lambda: self._backend_factory(repository, config.backend))
         self._executor = executor
         try:
@@ -236,8 +261,9 @@ class Server:
 
     def _use(self, latency: LatencyModel, policy: Policy, fallback: Policy) -> None:
         """Schedule with these from the next decision on (what start and reload install)."""
-        self._latency, self._policy, self._fallback = latency, policy, fallback
-        self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+        with self._lock:
+            self._latency, self._policy, self._fallback = latency, policy, fallback
+            self._shallowest_s = [m.latency(0, 1) for m in latency.models]
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -281,13 +307,12 @@ class Server:
         neither: the model's SLO from now. Do not modify `x` until the result is back: it is
         stacked into the batch when its batch runs. Cancelling the call withdraws a queued sample.
         """
-        task = self._enqueue(model, x, deadline_ms, capture_ts)
-        if isinstance(task, Result):
-            return task
+        future, task = self._submit(model, x, deadline_ms, capture_ts)
         try:
-            return await task.future
+            return await future
         except asyncio.CancelledError:
-            self._on_cancel(task)
+            if task is not None:
+                self._on_cancel(task)
             raise
 
     def submit(
@@ -298,18 +323,43 @@ class Server:
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
     ) -> asyncio.Future[Result]:
-        """`infer` without a coroutine, for fronts that answer from a done-callback (call it on the
-        loop): the future resolves to the Result, at once for a refusal; cancelling it does not
-        withdraw the sample (a front that keeps connections keeps its requests)."""
-        task = self._enqueue(model, x, deadline_ms, capture_ts)
-        if isinstance(task, Task):
-            return task.future
+        """`infer` without a coroutine (call it on the loop): the future resolves to the Result, at
+        once for a refusal; cancelling it does not withdraw the sample."""
+        return self._submit(model, x, deadline_ms, capture_ts)[0]
+
+    def _submit(
+        self, model: str, x: np.ndarray, deadline_ms: float | None, capture_ts: float | None
+    ) -> tuple[asyncio.Future[Result], Task | None]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        future.set_result(task)
-        return future
+        reply = functools.partial(_resolve, future)
+        return future, self.enqueue(model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts)
+
+    def enqueue(
+        self,
+        model: str,
+        x: np.ndarray,
+        reply: Callable[[Result], object],
+        *,
+        deadline_ms: float | None = None,
+        capture_ts: float | None = None,
+    ) -> Task | None:
+        """The cheapest way in, for fronts (call it on the loop): `reply(result)` is called exactly
+        once, on the loop, with the request's Result; at once, before this returns, for a refusal
+        (then None is returned). No future and no loop callback per request: under overload the
+        loop's time per request is what decides how much is served (docs/runtime.md)."""
+        task = self._enqueue(model, x, deadline_ms, capture_ts, reply)
+        if isinstance(task, Result):
+            _deliver(reply, task)
+            return None
+        return task
 
     def _enqueue(
-        self, model: str, x: np.ndarray, deadline_ms: float | None, capture_ts: float | None
+        self,
+        model: str,
+        x: np.ndarray,
+        deadline_ms: float | None,
+        capture_ts: float | None,
+        reply: Callable[[Result], object],
     ) -> Task | Result:
         """Check the request and queue it as a Task, or refuse it with a Result at once."""
         now = time.monotonic()
@@ -331,17 +381,20 @@ class Server:
             return self._refuse(model, Status.INVALID, now, problem)
         queue = self._queues[m]
         if len(queue) >= self._max_queue[m]:
-            return self._refuse(model, Status.REJECTED, now, f"queue of {model!r} is full ({len(queue)})")
-        if self._admit_by_deadline and queue:
-            waited = now - float(queue.arrivals[0])  # a new task at the tail will wait about as long
-            if waited + self._shallowest_s[m] > budget:
-                why = (
-                    f"overloaded: {model!r}'s queue head has waited {waited * 1000:.3g} ms, "
-                    f"past this request's {budget * 1000:.3g} ms deadline"
-                )
+            why = f"queue of {model!r} is full (max_queue {self._max_queue[m]})"
+            return self._refuse(model, Status.REJECTED, now, why)
+        if self._admit_by_deadline and queue and self._offload is None:
+            # A task at the tail of a FIFO waits about as long as the head has; its answer then
+            # waits for the loop (answer_lag). The server keeps its own part within a share of
+            # the budget: the client's write, the kernel and the answer's way back need the rest.
+            # (With upstreams, work the box cannot serve in time may go upstream instead.)
+            waited = now - float(queue.arrivals[0])
+            if waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget:
+                why = f"overloaded: {model!r} cannot answer within this request's deadline now"
                 return self._refuse(model, Status.REJECTED, now, why)
         assert self._loop is not None and self._idle is not None
-        task = self._book.add(m, x, self._loop.create_future(), now, budget)
+        with self._lock:
+            task = self._book.add(m, x, reply, now, budget)
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
         if self._busy and self._offload is not None:
@@ -380,14 +433,16 @@ class Server:
         return budget_ms / 1000.0, None
 
     def _input_problem(self, m: int, x: object) -> str | None:
-        spec = self._manifests[m].input
+        dtype, shape = self._inputs[m]
+        if type(x) is np.ndarray and x.dtype == dtype and x.shape == shape:
+            return None  # the common case, in well under a microsecond
         name = self._names[m]
         if not isinstance(x, np.ndarray):
             return f"model {name!r} takes a numpy array, got {type(x).__name__}"
-        if x.dtype != np.dtype(spec.dtype):
-            return f"model {name!r} takes {spec.dtype} input, got {x.dtype}; convert it before sending"
-        if tuple(x.shape) != tuple(spec.shape):
-            return f"model {name!r} takes one sample shaped {tuple(spec.shape)}, got {tuple(x.shape)}"
+        if x.dtype != dtype:
+            return f"model {name!r} takes {dtype} input, got {x.dtype}; convert it before sending"
+        if tuple(x.shape) != shape:
+            return f"model {name!r} takes one sample shaped {shape}, got {tuple(x.shape)}"
         return None
 
     def _refuse(self, key: str, status: Status, now: float, error: str, model: str | None = None) -> Result:
@@ -438,13 +493,14 @@ class Server:
         if result.status is Status.OK:
             self.counters.observe_ok(model, result.queued, result.start, result.end)
             self.counters.served[(model, result.served_by)] += 1
-        if not task.future.done():
-            task.future.set_result(result)
+        _deliver(task.reply, result)
 
     def _on_cancel(self, task: Task) -> None:
         """A caller gave up: drop its task if still queued; a running batch completes regardless."""
         self.counters.cancelled[self._names[task.model]] += 1
-        if self._book.withdraw(task):
+        with self._lock:
+            withdrawn = self._book.withdraw(task)
+        if withdrawn:
             self._sync_depths()
 
     def _sync_depths(self) -> None:
@@ -501,15 +557,18 @@ class Server:
             delay = max(hopeless - time.monotonic(), MIN_WAKEUP_S)
             self._timer = self._loop.call_later(delay, self._decide)
 
-    def _expire_hopeless(self, now: float) -> None:
-        """Lazy drop: answer `expired` for tasks even the shallowest exit at batch 1 cannot save."""
+    def _expire_hopeless(self, now: float) -> list[tuple[Task, Result]]:
+        """Lazy drop: the tasks even the shallowest exit at batch 1 cannot save, out of their queues,
+        with their `expired` Results (answered by the caller, after the lock)."""
+        out: list[tuple[Task, Result]] = []
         for m, queue in enumerate(self._queues):
             if not queue:
                 continue
             hopeless = queue.deadlines < now + self._shallowest_s[m]
             if hopeless.any():
                 for task in self._book.drop(m, queue.ids[hopeless].copy()):
-                    self._finish(task, self._result(task, Status.EXPIRED, now, error="cannot meet deadline"))
+                    out.append((task, self._result(task, Status.EXPIRED, now, error="cannot meet deadline")))
+        return out
 
     def _decide(self, wake_at: float = -math.inf) -> None:
         """Expire hopeless tasks (expire mode); if the executor is free, ask the policy and act.
@@ -522,26 +581,65 @@ class Server:
         self._cancel_timer()
         assert self._policy is not None and self._loop is not None
         now = time.monotonic()
-        if self._expire_late:
-            self._expire_hopeless(now)
-        if self._offload is not None:
-            self._offload.plan(now)  # first, so the policy plans only what stays local
-        decision = None
-        if not self._busy and any(self._queues):
-            t0 = time.perf_counter()
-            decision = self._ask_policy(max(now, wake_at), now)
-            self.counters.decision.add(time.perf_counter() - t0)
-        if decision is not None:
-            for drop in decision.drops:
-                for task in self._book.drop(drop.model, drop.task_ids):
-                    self._finish(task, self._result(task, Status.EXPIRED, now, error="dropped by the policy"))
-            if isinstance(decision, Dispatch):
-                tasks = self._book.pop(decision.model, decision.batch, now)
-                self._busy = True
-                self._busy_until = now + decision.predicted_s
-                self._dispatch(decision.model, decision.exit, tasks)
-        self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
+        with self._lock:
+            answer: list[tuple[Task, Result]] = []
+            if self._expire_late:
+                answer += self._expire_hopeless(now)
+            if self._offload is not None:
+                self._offload.plan(now)  # first, so the policy plans only what stays local
+            decision = None
+            if not self._busy and any(self._queues):
+                t0 = time.perf_counter()
+                decision = self._ask_policy(max(now, wake_at), now)
+                self.counters.decision.add(time.perf_counter() - t0)
+            job = None
+            if decision is not None:
+                for drop in decision.drops:
+                    for task in self._book.drop(drop.model, drop.task_ids):
+                        result = self._result(task, Status.EXPIRED, now, error="dropped by the policy")
+                        answer.append((task, result))
+                if isinstance(decision, Dispatch):
+                    job = self._take(decision, now)
+            self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
+        for task, result in answer:
+            self._finish(task, result)
+        if job is not None:
+            self._dispatch(job)
         self._sync_depths()
+
+    def _take(self, decision: Dispatch, now: float) -> Job:
+        """Pop the decided batch and mark the executor busy (holding the lock)."""
+        tasks = self._book.pop(decision.model, decision.batch, now)
+        self._busy = True
+        self._busy_until = now + decision.predicted_s
+        m = decision.model
+        return (
+            self._names[m],
+            decision.exit,
+            [t.x for t in tasks],
+            functools.partial(self._batch_done, m, decision.exit, tasks),
+        )
+
+    def _follow(self) -> Job | None:
+        """On the executor thread, as a batch ends: the next batch, decided at once by the same
+        policy on the same queues, so the executor does not wait a loop turn for it; None when the
+        loop must decide (nothing queued, or a mode whose decisions answer requests or talk to
+        upstreams: those happen on the loop, when the finished batch's callback reaches it)."""
+        with self._lock:
+            self._busy = False
+            if self._closed or self._expire_late or self._offload is not None or not any(self._queues):
+                return None
+            assert self._policy is not None
+            now = time.monotonic()
+            t0 = time.perf_counter()
+            try:
+                decision = self._policy.decide(self._queues, now)
+            except Exception:
+                return None  # the loop asks again, logs and falls back (_ask_policy)
+            self.counters.decision.add(time.perf_counter() - t0)
+            if not isinstance(decision, Dispatch) or decision.drops:
+                return None
+            return self._take(decision, now)
 
     def _ask_policy(self, at: float, now: float) -> Decision | None:
         """The configured policy's decision; if it raises, the fallback's; if that raises too (the
@@ -564,7 +662,9 @@ class Server:
     def _answer_queued(self, status: Status, now: float, error: str) -> None:
         """Empty every queue, answering each task `status`."""
         for m in range(len(self._queues)):
-            for task in self._book.drain(m):
+            with self._lock:
+                tasks = self._book.drain(m)
+            for task in tasks:
                 self._finish(task, self._result(task, status, now, error=error))
             self.counters.queue_depth[self._names[m]] = 0
 
@@ -586,20 +686,25 @@ class Server:
             changed=self._sync_depths,
         )
 
-    def _dispatch(self, m: int, exit: int, tasks: list[Task]) -> None:
-        """Hand a batch to the executor thread; `_batch_done` runs on the loop when it ends."""
+    def _dispatch(self, job: Job) -> None:
+        """Hand a batch to the executor thread; its callback (`_batch_done`) runs on the loop when it
+        ends, and the batches `_follow` decides there run after it without the loop."""
         assert self._executor is not None and self._loop is not None
-        done = functools.partial(self._batch_done, m, exit, tasks)
+        name, exit, samples, done = job
         try:
-            self._executor.submit(self._names[m], exit, [t.x for t in tasks], done)
+            self._executor.submit(name, exit, samples, done, follow=self._follow)
         except RuntimeError as exc:  # the executor itself is closed under us: answer, keep going
+            with self._lock:
+                self._busy = False
             self._loop.call_soon(done, BatchRun(None, exc, math.nan, time.monotonic()))
 
     def _batch_done(self, m: int, exit: int, tasks: list[Task], run: BatchRun) -> None:
-        """A batch ended: decide the next one first, so the executor is busy again while these
-        answers are written (the queues do not hold them any more: the decision is the same)."""
-        self._busy = False
+        """A batch ended (the executor thread may already run the next one, see `_follow`): decide
+        if it did not, then write these answers (the queues do not hold them any more)."""
         name = self._names[m]
+        lag = time.monotonic() - run.end
+        if lag == lag:  # not nan
+            self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
             self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))

@@ -7,9 +7,8 @@ answered, and `answer` is the single place that makes "exactly one answer per ta
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,14 +17,15 @@ from edgeserve.runtime.results import Result
 from edgeserve.scheduler import TaskQueue
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
-    """One request inside the Server; `deadline` is absolute on time.monotonic()."""
+    """One request inside the Server; `deadline` is absolute on time.monotonic(). `reply` gets its
+    Result, once (a front's callback: no future and no extra loop callback per request)."""
 
     id: int
     model: int
     x: np.ndarray
-    future: asyncio.Future[Result]
+    reply: Callable[[Result], object]
     queued: float
     deadline: float
     dispatch: float = math.nan  # when its batch was picked (or sent upstream); nan while queued
@@ -48,10 +48,10 @@ class TaskBook:
         return any(self.queues)
 
     def add(
-        self, model: int, x: np.ndarray, future: asyncio.Future[Result], now: float, budget: float
+        self, model: int, x: np.ndarray, reply: Callable[[Result], object], now: float, budget: float
     ) -> Task:
         """Queue a new task at the tail of its model's queue."""
-        task = Task(self._next_id, model, x, future, now, now + budget)
+        task = Task(self._next_id, model, x, reply, now, now + budget)
         self._next_id += 1
         self.queues[model].push(task.id, now, budget)
         self.open[task.id] = task

@@ -83,6 +83,7 @@ class NetServer:
     async def close(self) -> None:
         if self.listeners is not None:
             await self.listeners.close()
+        self.frontend.stop_reading()  # under load too: what was read is answered, nothing new is read
         if self.oip is not None:
             await self.oip.stop_accepting()
         await self.server.close()

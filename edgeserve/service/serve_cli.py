@@ -99,7 +99,7 @@ async def serve(config_path: Path, *, log_level: str | None = None) -> None:
         finally:  # also when the task is cancelled
             loop.remove_signal_handler(signal.SIGHUP)
             notifier.stopping()
-        in_flight = sum(len(c.pending) for c in net.frontend.connections)
+        in_flight = net.frontend.in_flight
         log.info("stopping: answering the requests in flight", extra={"in_flight": in_flight})
         await reloader.wait()
     notifier.stop()
