@@ -49,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Simulate one accelerator shared by time division between early-exit models, under each\n"
             "scheduling policy (the EdgeServing stability score and the paper's baselines), sweeping\n"
             "loads, SLOs, exit subsets, model mixes and traffic. Prints a policy x load table\n"
-            "(violation %% / P95 ms / mean accuracy %%) and writes a CSV and plots."
+            "(violation % / P95 ms / mean accuracy %) and writes a CSV and plots."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -119,9 +119,20 @@ async def serve(config_path: Path, *, log_level: str | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     from edgeserve import logs
     from edgeserve.config.server import ServerConfig
+    from edgeserve.errors import BackendUnavailableError
     from edgeserve.loop import run as run_loop
 
     logging_config = ServerConfig.from_toml(args.config).logging  # a bad file fails here, clearly
     logs.configure(args.log_level or logging_config.level, logging_config.format, sys.stderr)
-    run_loop(serve(args.config, log_level=args.log_level))
+    try:
+        run_loop(serve(args.config, log_level=args.log_level))
+    except BackendUnavailableError as exc:  # the backends' hints name profile's flag; serve reads its config
+        raise BackendUnavailableError(serve_hint(str(exc), args.config)) from None
     return 0
+
+
+def serve_hint(message: str, config: Path) -> str:
+    """A backend hint rewritten for `serve`, which takes [backend] name from the config, not --backend."""
+    return message.replace(
+        "serve with `--backend onnxruntime`", f'set [backend] name = "onnxruntime" in {config}'
+    ).replace("`--backend onnxruntime`", f'[backend] name = "onnxruntime" in {config}')
