@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
             "Typical flow: `edgeserve export` a model into the repository, measure it with "
             "`edgeserve-profile`, then serve it."
         ),
+        epilog=(
+            "A mistake prints one line `edgeserve: error: <what>: <fix>` and exits 1; --debug (or "
+            "EDGESERVE_DEBUG=1) shows the traceback instead. The docs/*.md named in the help texts are in "
+            "the source repository, not in the installed package."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"edgeserve {__version__}")
     parser.add_argument(

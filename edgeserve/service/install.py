@@ -43,7 +43,7 @@ examples:
   sudo edgeserve install-service --no-start    # install and enable; start it later
   edgeserve install-service --root image/      # write the files under image/ (no useradd/systemctl)
 
-Then: edgeserve doctor; journalctl -u edgeserve -f. Details: systemd/README.md.
+Then: edgeserve doctor; journalctl -u edgeserve -f. Details: systemd/README.md in the source repository.
 """
 
 

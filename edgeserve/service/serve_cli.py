@@ -22,7 +22,8 @@ examples:
   edgeserve serve --config serve.toml
   edgeserve serve --config serve.toml --log-level debug
 
-The config is the runtime's TOML file (docs/runtime.md) with a [listen] table:
+The config is the runtime's TOML file with a [listen] table; every key, commented, is in the example
+installed with the package (`edgeserve install-service --dry-run` prints it as /etc/edgeserve/config.toml):
   [listen]
   unix = "/run/edgeserve/edgeserve.sock"   # and/or
   tcp = "127.0.0.1:7070"                  # ":7070" also binds 127.0.0.1
@@ -40,6 +41,7 @@ changing the models, [backend], [listen] or the repository is refused (restart i
 Logs are one logfmt (or JSON) line per event on stderr; under systemd it speaks sd_notify
 (READY, WATCHDOG, STATUS, STOPPING): see systemd/README.md.
 The wire protocol is in docs/protocol.md; clients: edgeserve.net.AsyncClient / BlockingClient.
+docs/*.md and systemd/README.md are in the source repository, not in the installed package.
 """
 
 

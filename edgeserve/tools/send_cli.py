@@ -62,7 +62,8 @@ def _image(path: Path, camera: dict[str, Any] | None, model: str) -> list[Any]:
     if camera is None:
         raise InputError(
             f"--image: the server takes no camera frames for {model!r}; add a [models.{model}.preprocess] "
-            "table to its config (docs/runtime.md), or send a tensor with --npy"
+            "table to its config (the example config of `edgeserve install-service --dry-run` shows one), "
+            "or send a tensor with --npy"
         )
     channels = str(camera.get("channels", "rgb"))
     try:
