@@ -197,6 +197,14 @@ def _fix_did_you_mean_send(box: Box, stderr: str) -> bool:
     return code == 0 and out.count(" ok ") == 2
 
 
+def _fix_did_you_mean_serve(box: Box, stderr: str) -> bool:
+    name = re.search(r"did you mean '([^']+)'", stderr)
+    assert name, stderr
+    path = box.tmp / "modeltypo.toml"
+    path.write_text(path.read_text().replace("[models.tiny_aa]", f"[models.{name.group(1)}]"))
+    return serve_gets_ready(path)
+
+
 def _fix_resize(box: Box, stderr: str) -> bool:
     match = re.search(r"set resize = \[(\d+), (\d+)\]", stderr)
     assert match, stderr
@@ -245,6 +253,7 @@ CASES = [
         "serve: model name typo",
         _serve("modeltypo", models="[models.tiny_aa]\nslo_ms = 10\n"),
         lambda b: ["'tiny_aa'", "did you mean 'tiny_a'"],
+        fix=_fix_did_you_mean_serve,
     ),
     Case(
         "serve: socket directory missing",
