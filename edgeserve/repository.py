@@ -49,8 +49,8 @@ def unknown_model_message(repository: ModelRepository, model: str, what: str) ->
         )
     return (
         f"{what} {model!r} is not in {repository.root} (models there: {listing}); export it with "
-        f"`edgeserve export --model <registry name> --name {model} --repository {repository.root}` "
-        "(`edgeserve export --list` shows the registry)"
+        f"`edgeserve export --model {model} --repository {repository.root}` when it is one of the models "
+        f"`edgeserve export --help` lists (else add --name {model} to the export of the one it is)"
     )
 
 

@@ -243,10 +243,6 @@ def profile_command(args: argparse.Namespace) -> int:
 
     if args.plot is not None:  # before anything is measured or written
         require_module("matplotlib", "--plot")
-    if args.eval is not None and not args.eval.is_file():
-        raise RepositoryError(
-            f"--eval {args.eval}: no such file; `edgeserve export --demo --eval-data-out FILE` writes one"
-        )
     repository = ModelRepository(args.repository if args.repository is not None else default_root())
     if not repository.root.is_dir():
         raise RepositoryError(

@@ -24,7 +24,7 @@ from edgeserve.config.server import ServerConfig
 from edgeserve.errors import EdgeServeError
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
-from edgeserve.repository import ModelRepository
+from edgeserve.repository import ModelRepository, profile_command
 from edgeserve.runtime.backends.select import gpu_visible
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -191,8 +191,7 @@ def check_models(ctx: Context) -> list[Finding]:
                 Finding(f"profile {name}", SKIP, "no backend fingerprint (see the backend check)")
             )
             continue
-        threads = f" --threads {ctx.fingerprint.threads}" if ctx.fingerprint.threads is not None else ""
-        fix = f"edgeserve-profile --model {name} --repository {repository.root}{threads}"
+        fix = profile_command(repository, name, ctx.fingerprint)
         try:
             repository.load_profile(manifest, ctx.fingerprint)
         except EdgeServeError as exc:
