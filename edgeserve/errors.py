@@ -104,13 +104,17 @@ def install_hint(module: str) -> str:
     return f"pip install 'edgeserve[{extra}]'" if extra else f"pip install {top}"
 
 
-def require_module(module: str, option: str) -> None:
-    """MissingDependencyError now, before any work, if `option` needs `module` and it cannot be imported."""
+def require_module(module: str, option: str, instead: str | None = None) -> None:
+    """MissingDependencyError now, before any work, if `option` needs `module` and it cannot be imported.
+
+    `instead` is the other way out (default: "drop <option>").
+    """
     try:
         importlib.import_module(module)
     except ImportError:
+        other = instead if instead is not None else f"drop {option}"
         raise MissingDependencyError(
-            f"{option} needs {module}, which is not installed here: {install_hint(module)} (or drop {option})"
+            f"{option} needs {module}, which is not installed here: {install_hint(module)} (or {other})"
         ) from None
 
 

@@ -164,6 +164,10 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from edgeserve.errors import require_module
+
+    if not args.no_plots:  # before the sweep, not after it
+        require_module("matplotlib", "simulate's plots", "add --no-plots for the CSV only")
     from edgeserve.scheduler import sources
     from edgeserve.scheduler.accuracy import manifest_accuracy, paper_accuracy
     from edgeserve.scheduler.policies import POLICIES

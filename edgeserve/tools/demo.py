@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.load <= 2 or args.duration <= 0 or (args.total_rate is not None and args.total_rate <= 0):
         raise DemoError("--load must be in (0, 2], --duration and --total-rate positive")
-    require_module("matplotlib", "the demo's plots")
+    require_module("matplotlib", "the demo's plots", "run `make demo`, which installs it")
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     all_steps = steps(args.repository, args.plot, args.force)

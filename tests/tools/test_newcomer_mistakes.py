@@ -501,6 +501,18 @@ CASES = [
         lambda b: ["edgeserve", "simulate", "--profile-json", str(b.tmp / "p.json")],
         lambda b: [str(b.tmp / "p.json")],
     ),
+    Case(
+        "simulate: plots without matplotlib",
+        lambda b: ["edgeserve", "simulate", "--paper-gpu", "--out", str(b.tmp / "sim")],
+        lambda b: ["simulate's plots needs matplotlib", "--no-plots"],
+        env=_no_plot,
+    ),
+    Case(
+        "demo: without matplotlib",
+        lambda b: ["demo", "--repository", str(b.tmp / "demo-engines")],
+        lambda b: ["the demo's plots needs matplotlib", "edgeserve[plot]"],
+        env=_no_plot,
+    ),
     Case("demo: --load out of range", lambda b: ["demo", "--load", "5"], lambda b: ["--load"]),
 ]
 
