@@ -244,7 +244,7 @@ def plan(
         Step("config readable by the service user", command=("chgrp", USER, str(CONFIG_PATH))),
         Step("systemd reads the new unit", command=("systemctl", "daemon-reload")),
         Step(
-            "enable at boot" + (" and start now" if start else " (not started: --no-start)"),
+            "enable at boot" + (" and start now" if start else " (not started now; see above or --no-start)"),
             command=("systemctl", "enable", *(("--now",) if start else ()), SERVICE),
         ),
     ]
