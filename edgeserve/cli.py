@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from edgeserve import __version__
-from edgeserve.errors import EdgeServeError
+from edgeserve.errors import DEBUG_ENV, guarded
 
 # Later issues append serve, send, bench, build-engines, install-service, doctor.
 SUBCOMMAND_MODULES = (
@@ -36,8 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
             "Typical flow: `edgeserve export` a model into the repository, measure it with "
             "`edgeserve-profile`, then serve it."
         ),
+        epilog=(
+            "A mistake prints one line `edgeserve: error: <what>: <fix>` and exits 1; --debug (or "
+            "EDGESERVE_DEBUG=1) shows the traceback instead. The docs/*.md named in the help texts are in "
+            "the source repository, not in the installed package."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"edgeserve {__version__}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"show the Python traceback of an error instead of one line (also {DEBUG_ENV}=1)",
+    )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:
@@ -56,14 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except EdgeServeError as exc:
-        print(f"edgeserve: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("edgeserve: interrupted", file=sys.stderr)
-        return 130
+    # A user mistake or an environment problem is one line `edgeserve: error: <what>: <fix>`
+    # (edgeserve.errors.guarded); --debug / EDGESERVE_DEBUG=1 shows the traceback.
+    return guarded("edgeserve", lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ profile from another device or another export is refused with the command that f
 
 from __future__ import annotations
 
+import difflib
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,47 @@ ROOT_ENV = "EDGESERVE_REPOSITORY"
 
 def default_root() -> Path:
     return Path(os.environ.get(ROOT_ENV, DEFAULT_ROOT))
+
+
+def unknown_model_message(repository: ModelRepository, model: str, what: str) -> str:
+    """`<what> 'x': not in <root>; did you mean 'y'?` (difflib), else the models there and how to export."""
+    known = repository.models()
+    if not repository.root.is_dir():
+        return (
+            f"{what} {model!r}: the model repository {repository.root} does not exist; export the demo "
+            f"models into it with `edgeserve export --demo --repository {repository.root}` or point at "
+            "the right folder"
+        )
+    close = difflib.get_close_matches(model, known, n=1, cutoff=0.6)
+    listing = ", ".join(known) or "none"
+    if close:
+        return (
+            f"{what} {model!r} is not in {repository.root}: did you mean {close[0]!r}? "
+            f"(models there: {listing})"
+        )
+    return (
+        f"{what} {model!r} is not in {repository.root} (models there: {listing}); export it with "
+        f"`edgeserve export --model {model} --repository {repository.root}` when it is one of the models "
+        f"`edgeserve export --help` lists (else add --name {model} to the export of the one it is)"
+    )
+
+
+def check_model_name(repository: ModelRepository, model: str, option: str = "model") -> None:
+    """RepositoryError with a did-you-mean unless `model` has a manifest in the repository."""
+    if not repository.manifest_path(model).exists():
+        raise RepositoryError(unknown_model_message(repository, model, option))
+
+
+def profile_command(repository: ModelRepository, model: str, fingerprint: Fingerprint | None) -> str:
+    """The edgeserve-profile command that measures a profile for this fingerprint (backend, threads)."""
+    argv = ["edgeserve-profile", "--model", model, "--repository", str(repository.root)]
+    if fingerprint is not None:
+        argv += ["--backend", fingerprint.backend]
+        if fingerprint.threads is not None:
+            argv += ["--threads", str(fingerprint.threads)]
+        if "precision" in fingerprint.extra:
+            argv += ["--precision", fingerprint.extra["precision"]]
+    return shlex.join(argv)
 
 
 @dataclass(frozen=True)
@@ -47,11 +90,7 @@ class ModelRepository:
     def load_manifest(self, model: str, verify: bool = True) -> Manifest:
         path = self.manifest_path(model)
         if not path.exists():
-            known = ", ".join(self.models()) or "none"
-            raise RepositoryError(
-                f"{path}: model {model!r} is not in the repository {self.root} (models there: {known}); "
-                f"export it with `edgeserve export --model {model} --repository {self.root}`"
-            )
+            raise RepositoryError(f"{path}: " + unknown_model_message(self, model, "model"))
         manifest = Manifest.load(path)
         if manifest.name != model:
             raise RepositoryError(
@@ -99,7 +138,7 @@ class ModelRepository:
     def load_profile(self, manifest: Manifest, fingerprint: Fingerprint) -> ProfileTable:
         """The profile measured for this manifest on this device, or an error saying how to make it."""
         path = self.profile_path(manifest.name, fingerprint)
-        fix = f"run `edgeserve-profile --model {manifest.name} --repository {self.root}` on this device"
+        fix = f"run `{profile_command(self, manifest.name, fingerprint)}` on this device"
         if not path.exists():
             others = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
             hint = f" (profiles there are for other devices: {', '.join(others)})" if others else ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeserve.config.server import BACKEND_NAMES, PRECISIONS
-from edgeserve.errors import EdgeServeError, ProfileError, RepositoryError
+from edgeserve.errors import DEBUG_ENV, ProfileError, RepositoryError, guarded, require_module
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
 from edgeserve.profile import QUANTILES, ProfileTable
@@ -30,7 +29,7 @@ from edgeserve.profiler.evaluate import (
 )
 from edgeserve.profiler.measure import MeasureSettings, measure_model
 from edgeserve.profiler.report import DEFAULT_CV_THRESHOLD, format_noisy, format_table, noisy_cells
-from edgeserve.repository import ModelRepository, default_root
+from edgeserve.repository import ModelRepository, check_model_name, default_root
 from edgeserve.runtime.backends.base import Backend
 
 DESCRIPTION = """\
@@ -165,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"show the Python traceback of an error instead of one line (also {DEBUG_ENV}=1)",
+    )
     return parser
 
 
@@ -237,13 +241,24 @@ def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) ->
 def profile_command(args: argparse.Namespace) -> int:
     from edgeserve.runtime.backends.select import create_backend
 
+    if args.plot is not None:  # before anything is measured or written
+        require_module("matplotlib", "--plot")
     repository = ModelRepository(args.repository if args.repository is not None else default_root())
+    if not repository.root.is_dir():
+        raise RepositoryError(
+            f"model repository {repository.root} does not exist (--repository or $EDGESERVE_REPOSITORY): "
+            f"export a model into it with `edgeserve export --demo --repository {repository.root}`, "
+            "or point --repository at the right folder"
+        )
     names = list(dict.fromkeys(args.model or repository.models()))
     if not names:
         raise RepositoryError(
-            f"{repository.root}: no models in this repository; export one with `edgeserve export --help` "
-            "or point --repository at the right folder"
+            f"{repository.root}: no models in this repository; export one with "
+            f"`edgeserve export --demo --repository {repository.root}` or point --repository at the "
+            "right folder"
         )
+    for name in names:
+        check_model_name(repository, name, option="--model")
     manifests = [repository.load_manifest(name) for name in names]  # verifies every stage file first
     eval_data: EvalData | None = None
     if args.eval is not None:
@@ -368,17 +383,7 @@ def _summary(
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except EdgeServeError as exc:
-        print(f"edgeserve-profile: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("edgeserve-profile: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `edgeserve-profile --json | head`: the reader left, nothing is wrong
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (keeps interpreter shutdown from failing again)
-        return 0
+    return guarded("edgeserve-profile", lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ def plot_profiles(tables: Sequence[ProfileTable], path: Path) -> Path:
         raise EdgeServeError(
             "--plot needs matplotlib, which is not installed; install it with `pip install 'edgeserve[plot]'`"
         ) from None
+    from edgeserve.plotting import color
+
     if not tables:
         raise EdgeServeError("nothing to plot: no profiles were measured or loaded")
     columns = min(3, len(tables))
@@ -39,7 +41,11 @@ def plot_profiles(tables: Sequence[ProfileTable], path: Path) -> Path:
             ax.fill_between(batches, p5, p95, color=line.get_color(), alpha=0.2, linewidth=0)
         threads = table.fingerprint.threads
         plural = "" if threads == 1 else "s"
-        ax.set_title(f"{table.model} ({table.fingerprint.device}, {threads} thread{plural})", fontsize=9)
+        ax.set_title(
+            f"{table.model} ({table.fingerprint.device}, {threads} thread{plural})",
+            fontsize=9,
+            color=color(table.model),
+        )
         ax.set_xlabel("batch size")
         ax.set_ylabel("latency [ms], p50 and p5-p95")
         ax.set_xticks(batches)
@@ -48,6 +54,7 @@ def plot_profiles(tables: Sequence[ProfileTable], path: Path) -> Path:
         ax.legend(title="exit", fontsize=8)
     for ax in list(axes.flat)[len(tables) :]:
         ax.set_visible(False)
+    fig.suptitle(f"{tables[0].fingerprint.backend}: latency per batch size and exit (profile)", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(path, dpi=120)

@@ -58,3 +58,54 @@ def non_negative_number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
         raise ConfigError(f"{key}: must be a number >= 0, got {value!r}")
     return float(value)
+
+
+def preprocess_problem(name: str, preprocess: Any, shape: tuple[int, ...]) -> str | None:
+    """Why `[models.<name>.preprocess]` cannot turn a camera frame into the input `shape`, or None.
+
+    The same rules the request path applies (net/preprocess.py), checked once at start-up so a
+    config that can never work is refused before it serves, naming the model and both shapes.
+    """
+    key = f"models.{name}.preprocess"
+    if len(shape) != 3 or shape[0] not in (1, 3):
+        return (
+            f"{key}: model {name!r} takes input {list(shape)}, not an image (1 or 3, H, W); "
+            "remove the preprocess table and send tensors"
+        )
+    channels, height, width = shape
+    if preprocess.resize is not None and tuple(preprocess.resize) != (height, width):
+        h, w = preprocess.resize
+        return (
+            f"{key}.resize = [{h}, {w}] but model {name!r} takes input {list(shape)} "
+            f"({height}x{width}): set resize = [{height}, {width}] or remove the key "
+            "(it defaults to the model's)"
+        )
+    for field_name in ("mean", "std"):
+        values = getattr(preprocess, field_name)
+        if len(values) not in (1, channels):
+            return (
+                f"{key}.{field_name} has {len(values)} values but model {name!r} takes {channels} channel(s) "
+                f"(input {list(shape)}): give 1 value or {channels}"
+            )
+    return None
+
+
+def check_preprocess(models: Mapping[str, Any], repository: Any) -> None:
+    """ConfigError for the first model whose preprocess table cannot fit its exported input shape.
+
+    Models not in the repository are skipped: loading them reports that, with its own fix.
+    """
+    from edgeserve.errors import EdgeServeError
+    from edgeserve.repository import ModelRepository
+
+    repo = ModelRepository(repository)
+    for name, model in models.items():
+        if getattr(model, "preprocess", None) is None or not repo.manifest_path(name).exists():
+            continue
+        try:
+            manifest = repo.load_manifest(name, verify=False)
+        except EdgeServeError:
+            continue
+        problem = preprocess_problem(name, model.preprocess, tuple(manifest.input.shape))
+        if problem is not None:
+            raise ConfigError(problem)

@@ -179,9 +179,21 @@ class ServerConfig:
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
+            raise ConfigError(
+                f"{path}: config file not found; give the right --config path "
+                "(systemd/config.toml in the source tree is a commented example)"
+            ) from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a directory; give the config file itself with --config") from None
+        except PermissionError:
+            raise ConfigError(f"{path}: this user may not read it; run as its owner or chmod it") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a text file; --config takes the server's TOML file") from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+            raise ConfigError(
+                f"{path}: not valid TOML ({exc}); fix that line (model names with dots need quotes: "
+                '[models."resnet50-cifar-w0.25"])'
+            ) from None
         config = cls.from_dict(data, origin=str(path))
         if not config.repository.is_absolute():
             config = _replace_repository(config, path.parent / config.repository)
@@ -247,7 +259,15 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
 
 def _model(data: Any, key: str) -> ModelConfig:
     data = table(data, key)
-    no_unknown(data, ("slo_ms", "max_queue", "preprocess"), key)
+    allowed = ("slo_ms", "max_queue", "preprocess")
+    for sub, value in data.items():
+        if sub not in allowed and isinstance(value, Mapping):  # [models.resnet50-cifar-w0.25] unquoted
+            dotted = f"{key.removeprefix('models.')}.{sub}"
+            raise ConfigError(
+                f"{key}.{sub}: TOML reads the dot in the model name {dotted!r} as a sub-table; "
+                f'quote the name: [models."{dotted}"] (and [models."{dotted}".preprocess])'
+            )
+    no_unknown(data, allowed, key)
     if "slo_ms" not in data:
         raise ConfigError(f"{key}.slo_ms: missing; give the model's deadline budget in milliseconds")
     return ModelConfig(

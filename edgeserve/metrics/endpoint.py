@@ -22,6 +22,7 @@ from aiohttp import web
 
 from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import MetricsConfig
+from edgeserve.errors import listen_failure
 from edgeserve.metrics import process
 from edgeserve.metrics.catalog import FrontendCounters, render_metrics
 from edgeserve.metrics.exposition import CONTENT_TYPE
@@ -101,9 +102,7 @@ class MetricsEndpoint:
             await web.TCPSite(runner, host, port).start()
         except OSError as exc:
             await runner.cleanup()
-            raise OSError(
-                exc.errno, f"metrics.listen {host}:{port}: cannot listen ({exc.strerror})"
-            ) from None
+            raise listen_failure("metrics.listen", f"{host}:{port}", exc) from None
         self._runner = runner
         bound_host, bound_port = runner.addresses[0][:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host

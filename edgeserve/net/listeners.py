@@ -20,12 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeserve.config.server import ListenConfig
-from edgeserve.errors import EdgeServeError
+from edgeserve.errors import ListenError, listen_failure
 from edgeserve.net.frontend import Frontend
 
-
-class ListenError(EdgeServeError):
-    """A listener could not be opened; the message names the address and the fix."""
+__all__ = ["ListenError", "Listeners", "free_port", "open_listeners", "require_listener"]
 
 
 @dataclass
@@ -69,6 +67,21 @@ def _remove_stale_socket(path: Path) -> None:
     )
 
 
+def _check_socket_dir(path: Path) -> None:
+    """ListenError naming the directory when the socket's directory is missing or not writable."""
+    parent = path.parent
+    if not parent.is_dir():
+        raise ListenError(
+            f"listen.unix {path}: the directory {parent} does not exist; create it (mkdir -p {parent}) "
+            "or set listen.unix to a path in an existing directory"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ListenError(
+            f"listen.unix {path}: this user may not create files in {parent}; choose a writable directory "
+            "(under systemd: /run/edgeserve) or run as its owner"
+        )
+
+
 def require_listener(listen: ListenConfig) -> None:
     """ListenError unless the config names at least one listener."""
     if listen.unix is None and listen.tcp is None and listen.http is None:
@@ -86,10 +99,14 @@ async def open_listeners(frontend: Frontend, listen: ListenConfig) -> Listeners:
     try:
         if listen.unix is not None:
             path = listen.unix
+            _check_socket_dir(path)
             _remove_stale_socket(path)
-            server = await loop.create_unix_server(
-                functools.partial(frontend.protocol_factory, "unix"), str(path)
-            )
+            try:
+                server = await loop.create_unix_server(
+                    functools.partial(frontend.protocol_factory, "unix"), str(path)
+                )
+            except OSError as exc:
+                raise listen_failure("listen.unix", str(path), exc) from None
             opened.servers.append(server)
             opened.unix_path = path
             os.chmod(path, listen.unix_mode)
@@ -107,7 +124,7 @@ async def open_listeners(frontend: Frontend, listen: ListenConfig) -> Listeners:
                     functools.partial(frontend.protocol_factory, "tcp"), host, port
                 )
             except OSError as exc:
-                raise ListenError(f"listen.tcp {host}:{port}: {exc.strerror or exc}") from None
+                raise listen_failure("listen.tcp", f"{host}:{port}", exc) from None
             opened.servers.append(server)
             bound = server.sockets[0].getsockname()
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]

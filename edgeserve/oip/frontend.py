@@ -34,6 +34,7 @@ from aiohttp.web_protocol import RequestHandler
 from edgeserve import __version__
 from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import ListenConfig
+from edgeserve.errors import listen_failure
 from edgeserve.runtime import FrontendStats, Result, Server, Status
 from edgeserve.wire.oip_codec import (
     HEADER_LENGTH,
@@ -267,7 +268,7 @@ class OipFrontend:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise OSError(exc.errno, f"listen.http {host}:{port}: cannot listen ({exc.strerror})") from None
+            raise listen_failure("listen.http", f"{host}:{port}", exc) from None
         self._runner, self._site = runner, site
         bound_host, bound_port = runner.addresses[0][:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -49,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Simulate one accelerator shared by time division between early-exit models, under each\n"
             "scheduling policy (the EdgeServing stability score and the paper's baselines), sweeping\n"
             "loads, SLOs, exit subsets, model mixes and traffic. Prints a policy x load table\n"
-            "(violation %% / P95 ms / mean accuracy %%) and writes a CSV and plots."
+            "(violation % / P95 ms / mean accuracy %) and writes a CSV and plots."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -164,6 +164,10 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from edgeserve.errors import require_module
+
+    if not args.no_plots:  # before the sweep, not after it
+        require_module("matplotlib", "simulate's plots", "add --no-plots for the CSV only")
     from edgeserve.scheduler import sources
     from edgeserve.scheduler.accuracy import manifest_accuracy, paper_accuracy
     from edgeserve.scheduler.policies import POLICIES

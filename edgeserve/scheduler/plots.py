@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeserve.errors import EdgeServeError
+from edgeserve.plotting import SLO_STYLE, color
 
 
 def _pyplot() -> Any:
@@ -45,9 +46,11 @@ def plot_sweep(rows: list[dict[str, Any]], out_dir: Path, title_note: str = "") 
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
         for policy, points in curves.items():
             loads = [p["load_rps"] for p in points]
-            left.plot(loads, [p["p95_ms"] for p in points], marker="o", label=policy)
-            right.plot(loads, [p["violation_pct"] for p in points], marker="o", label=policy)
-        left.axhline(slo, color="grey", linestyle="--", linewidth=1)
+            left.plot(loads, [p["p95_ms"] for p in points], marker="o", label=policy, color=color(policy))
+            right.plot(
+                loads, [p["violation_pct"] for p in points], marker="o", label=policy, color=color(policy)
+            )
+        left.axhline(slo, label=f"SLO {slo:g} ms", **SLO_STYLE)
         left.set(xlabel="load (req/s of a ratio-1 model)", ylabel="P95 latency (ms)", yscale="log")
         right.set(xlabel="load (req/s of a ratio-1 model)", ylabel="SLO violation (%)")
         right.legend(fontsize=7)
@@ -63,8 +66,9 @@ def plot_sweep(rows: list[dict[str, Any]], out_dir: Path, title_note: str = "") 
                     [p["mean_accuracy_pct"] for p in points],
                     marker="o",
                     label=policy,
+                    color=color(policy),
                 )
-            ax.axvline(slo, color="grey", linestyle="--", linewidth=1)
+            ax.axvline(slo, label=f"SLO {slo:g} ms", **SLO_STYLE)
             ax.set(xlabel="P95 latency (ms)", ylabel="mean accuracy (%)", xscale="log")
             ax.legend(fontsize=7)
             ax.set_title(title, fontsize=8)

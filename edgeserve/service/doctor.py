@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgeserve.service.doctor_checks import FAIL, Context, Finding, run_checks
+from edgeserve.service.doctor_checks import FAIL, WARN, Context, Finding, run_checks
 
 DEFAULT_CONFIG = Path("/etc/edgeserve/config.toml")
 
@@ -15,14 +15,16 @@ EPILOG = """\
 checks: the config parses; the backend imports and starts (execution providers, TensorRT);
 the GPU or Jetson is visible; every model's files verify and have a profile for this device's
 fingerprint; Jetson power mode and locked clocks (where nvpmodel/jetson_clocks exist); the socket
-directory and socket mode/group; free memory against the models' size; the systemd unit.
+directory and socket mode/group; every [[upstreams]] server's readiness; free memory against the
+models' size; the systemd unit.
 
 examples:
   edgeserve doctor                              # /etc/edgeserve/config.toml
   edgeserve doctor --config serve.toml
   edgeserve doctor --json | jq '.findings[] | select(.status == "FAIL")'
 
-Exit status 0 when nothing FAILs (warnings allowed), 1 otherwise.
+The last line is "all checks passed" only when nothing warned; otherwise "passed with N warnings"
+or "N check(s) FAILED". Exit status 0 when nothing FAILs (warnings allowed), 1 otherwise.
 """
 
 
@@ -33,7 +35,12 @@ def format_text(findings: list[Finding]) -> str:
         if f.fix and f.status != "ok":
             lines.append(f"{'':<24} fix: {f.fix}")
     failed = sum(f.status == FAIL for f in findings)
-    lines.append("all checks passed" if not failed else f"{failed} check(s) FAILED")
+    warned = sum(f.status == WARN for f in findings)
+    warnings = f"{warned} warning{'s' if warned != 1 else ''}"
+    if failed:
+        lines.append(f"{failed} check(s) FAILED" + (f", {warnings}" if warned else ""))
+    else:
+        lines.append(f"passed with {warnings}" if warned else "all checks passed")
     return "\n".join(lines)
 
 

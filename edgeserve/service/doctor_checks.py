@@ -24,7 +24,7 @@ from edgeserve.config.server import ServerConfig
 from edgeserve.errors import EdgeServeError
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
-from edgeserve.repository import ModelRepository
+from edgeserve.repository import ModelRepository, profile_command
 from edgeserve.runtime.backends.select import gpu_visible
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -191,8 +191,7 @@ def check_models(ctx: Context) -> list[Finding]:
                 Finding(f"profile {name}", SKIP, "no backend fingerprint (see the backend check)")
             )
             continue
-        threads = f" --threads {ctx.fingerprint.threads}" if ctx.fingerprint.threads is not None else ""
-        fix = f"edgeserve-profile --model {name} --repository {repository.root}{threads}"
+        fix = profile_command(repository, name, ctx.fingerprint)
         try:
             repository.load_profile(manifest, ctx.fingerprint)
         except EdgeServeError as exc:
@@ -404,6 +403,51 @@ def check_unit(ctx: Context) -> list[Finding]:
     return [Finding("systemd unit", OK, f"{ctx.unit_path} runs {binary}")]
 
 
+UPSTREAM_PROBE_TIMEOUT_S = 3.0
+
+
+def probe_upstream(url: str, token: str | None, timeout: float = UPSTREAM_PROBE_TIMEOUT_S) -> str | None:
+    """None when GET <url>/v2/health/ready answers 200, else why not (refused, timeout, HTTP status)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url.rstrip("/") + "/v2/health/ready")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return None if response.status == 200 else f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code} from /v2/health/ready"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return str(reason) or type(exc).__name__
+
+
+def check_upstreams(ctx: Context) -> list[Finding]:
+    """Every [[upstreams]] server answers its readiness probe; a dead one is named with its URL."""
+    if ctx.config is None or not ctx.config.upstreams:
+        return [Finding("upstreams", SKIP, "no [[upstreams]] configured")]
+    findings = []
+    for upstream in ctx.config.upstreams:
+        check = f"upstream {upstream.name}"
+        problem = probe_upstream(upstream.url, upstream.token)
+        if problem is None:
+            findings.append(Finding(check, OK, f"{upstream.url} is ready"))
+        else:
+            findings.append(
+                Finding(
+                    check,
+                    WARN,
+                    f"{upstream.url} is not ready ({problem}); nothing is offloaded to it, "
+                    "requests it would take are served locally",
+                    f"start the server at {upstream.url}, or fix/remove its [[upstreams]] table "
+                    f"(name = {upstream.name!r}) in {ctx.config_path}",
+                )
+            )
+    return findings
+
+
 # In order: later checks use what earlier ones put in the Context (config, fingerprint, manifests).
 CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
     check_config,
@@ -412,6 +456,7 @@ CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
     check_models,
     check_jetson_clocks,
     check_socket,
+    check_upstreams,
     check_memory,
     check_unit,
 )

@@ -43,7 +43,7 @@ examples:
   sudo edgeserve install-service --no-start    # install and enable; start it later
   edgeserve install-service --root image/      # write the files under image/ (no useradd/systemctl)
 
-Then: edgeserve doctor; journalctl -u edgeserve -f. Details: systemd/README.md.
+Then: edgeserve doctor; journalctl -u edgeserve -f. Details: systemd/README.md in the source repository.
 """
 
 
@@ -122,6 +122,14 @@ def repository_of(config_text: str, config_path: Path) -> Path:
     return path if path.is_absolute() else config_path.parent / path
 
 
+def _in_tmp(path: Path) -> bool:
+    return path.absolute().is_relative_to("/tmp") or path.absolute().is_relative_to("/var/tmp")
+
+
+def _has_models(repository: Path) -> bool:
+    return repository.is_dir() and any(repository.glob("*/manifest.json"))
+
+
 def _under(root: Path, path: Path) -> Path:
     return root / path.relative_to("/") if path.is_absolute() else root / path
 
@@ -165,7 +173,18 @@ def plan(
                     "/opt/edgeserve/bin/pip install <checkout>) and run its install-service",
                 )
             )
-    unit = render_unit((templates / "edgeserve.service").read_text(), executable)
+    template = (templates / "edgeserve.service").read_text()
+    private_tmp = re.search(r"^PrivateTmp=(yes|true|1)\s*$", template, re.MULTILINE) is not None
+    if private_tmp and _in_tmp(executable):
+        steps.append(
+            Step(
+                "warning",
+                note=f"{executable} is under /tmp, which PrivateTmp=yes replaces with an empty directory "
+                "for the service: it could not start; install edgeserve elsewhere (python3 -m venv "
+                "/opt/edgeserve && /opt/edgeserve/bin/pip install <checkout>) and run its install-service",
+            )
+        )
+    unit = render_unit(template, executable)
     steps.append(Step("the systemd unit", path=_under(base, UNIT_PATH), content=unit))
     config_file = _under(base, CONFIG_PATH)
     if config_file.exists():
@@ -175,6 +194,26 @@ def plan(
         config_text = (templates / "config.toml").read_text()
         steps.append(Step("the example config", path=config_file, content=config_text, mode=0o640))
     repository = repository_of(config_text, CONFIG_PATH)
+    if private_tmp and _in_tmp(repository):
+        steps.append(
+            Step(
+                "warning",
+                note=f"the repository {repository} is under /tmp, which PrivateTmp=yes hides from the "
+                f"service; set repository in {CONFIG_PATH} to a path such as /var/lib/edgeserve/engines",
+            )
+        )
+    empty = not _has_models(_under(base, repository))
+    if empty and start:
+        start = False
+        steps.append(
+            Step(
+                "not starting the service",
+                note=f"the repository {repository} has no exported models, so it would fail at start; "
+                f"export and profile them as the service user (`edgeserve export --demo --repository "
+                f"{repository}` then `edgeserve-profile --repository {repository} --threads N`), "
+                f"list them in {CONFIG_PATH}, then `sudo systemctl start {SERVICE}`",
+            )
+        )
     groups = existing_groups(GPU_GROUPS)
     useradd = (
         "useradd",
@@ -205,7 +244,7 @@ def plan(
         Step("config readable by the service user", command=("chgrp", USER, str(CONFIG_PATH))),
         Step("systemd reads the new unit", command=("systemctl", "daemon-reload")),
         Step(
-            "enable at boot" + (" and start now" if start else " (not started: --no-start)"),
+            "enable at boot" + (" and start now" if start else " (not started now; see above or --no-start)"),
             command=("systemctl", "enable", *(("--now",) if start else ()), SERVICE),
         ),
     ]

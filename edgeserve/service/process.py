@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeserve.config.access import warn_if_exposed
+from edgeserve.config.checks import check_preprocess
 from edgeserve.config.server import ServerConfig
 from edgeserve.metrics.endpoint import MetricsEndpoint
 from edgeserve.net.frontend import Frontend
@@ -55,6 +56,8 @@ class NetServer:
 
     async def start(self) -> NetServer:
         require_listener(self.config.listen)
+        # A camera preprocess table that cannot fit its model is refused before anything loads.
+        check_preprocess(self.config.models, self.config.repository)
         await self.server.start()
         try:
             if self.config.metrics.listen is not None:

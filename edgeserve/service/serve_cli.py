@@ -22,7 +22,8 @@ examples:
   edgeserve serve --config serve.toml
   edgeserve serve --config serve.toml --log-level debug
 
-The config is the runtime's TOML file (docs/runtime.md) with a [listen] table:
+The config is the runtime's TOML file with a [listen] table; every key, commented, is in the example
+installed with the package (`edgeserve install-service --dry-run` prints it as /etc/edgeserve/config.toml):
   [listen]
   unix = "/run/edgeserve/edgeserve.sock"   # and/or
   tcp = "127.0.0.1:7070"                  # ":7070" also binds 127.0.0.1
@@ -40,6 +41,7 @@ changing the models, [backend], [listen] or the repository is refused (restart i
 Logs are one logfmt (or JSON) line per event on stderr; under systemd it speaks sd_notify
 (READY, WATCHDOG, STATUS, STOPPING): see systemd/README.md.
 The wire protocol is in docs/protocol.md; clients: edgeserve.net.AsyncClient / BlockingClient.
+docs/*.md and systemd/README.md are in the source repository, not in the installed package.
 """
 
 
@@ -119,9 +121,20 @@ async def serve(config_path: Path, *, log_level: str | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     from edgeserve import logs
     from edgeserve.config.server import ServerConfig
+    from edgeserve.errors import BackendUnavailableError
     from edgeserve.loop import run as run_loop
 
     logging_config = ServerConfig.from_toml(args.config).logging  # a bad file fails here, clearly
     logs.configure(args.log_level or logging_config.level, logging_config.format, sys.stderr)
-    run_loop(serve(args.config, log_level=args.log_level))
+    try:
+        run_loop(serve(args.config, log_level=args.log_level))
+    except BackendUnavailableError as exc:  # the backends' hints name profile's flag; serve reads its config
+        raise BackendUnavailableError(serve_hint(str(exc), args.config)) from None
     return 0
+
+
+def serve_hint(message: str, config: Path) -> str:
+    """A backend hint rewritten for `serve`, which takes [backend] name from the config, not --backend."""
+    return message.replace(
+        "serve with `--backend onnxruntime`", f'set [backend] name = "onnxruntime" in {config}'
+    ).replace("`--backend onnxruntime`", f'[backend] name = "onnxruntime" in {config}')

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgeserve.errors import EdgeServeError
-from edgeserve.wire.client import AsyncClient
+from edgeserve.wire.client import AsyncClient, unknown_served_model
 
 PAPER_RATIOS = (3.0, 2.0, 1.0)
 INPUT_POOL = 16
@@ -94,6 +94,7 @@ class BenchResult:
     rates: dict[str, float]
     records: list[Record] = field(default_factory=list)
     elapsed_s: float = 0.0
+    slo_ms: dict[str, float] = field(default_factory=dict)  # per model: its deadline budget
 
 
 def split_rate(models: list[str], ratios: tuple[float, ...], total_rate: float) -> dict[str, float]:
@@ -128,10 +129,12 @@ async def run_bench(
         table = next(iter(clients.values())).models
         unknown = [m for m in models if m not in table]
         if unknown:
-            raise EdgeServeError(
-                f"the server does not serve {', '.join(unknown)}; it serves {', '.join(table)}"
-            )
+            raise EdgeServeError(unknown_served_model(unknown[0], list(table), settings.target))
         result = BenchResult(settings, dict(settings.rates))
+        for m in models:
+            slo = settings.deadline_ms if settings.deadline_ms is not None else table[m].get("slo_ms")
+            if isinstance(slo, int | float):
+                result.slo_ms[m] = float(slo)
         rng = np.random.default_rng(settings.seed)
         inputs = {m: _inputs(table[m], rng) for m in models}
         pending: set[asyncio.Future[Any]] = set()
@@ -191,6 +194,49 @@ async def run_bench(
     finally:
         for client in clients.values():
             await client.close()
+
+
+CAPACITY_IN_FLIGHT = 4  # a few, as cameras keep: more measures batch throughput no deadline allows
+
+
+async def measure_capacity(settings: BenchSettings, in_flight: int = CAPACITY_IN_FLIGHT) -> float:
+    """Closed loop: `in_flight` requests always outstanding, models drawn in the ratio of
+    settings.rates; the `ok` answers per second over settings.duration_s (after the warm-up).
+
+    This is the most the box serves right now (its cores, what else runs, the backend's threads),
+    the number open-loop traffic should be set against: near it every request queues.
+    """
+    models = list(settings.rates)
+    client = await connect_target(settings, models)
+    try:
+        table = client.models
+        unknown = [m for m in models if m not in table]
+        if unknown:
+            raise EdgeServeError(unknown_served_model(unknown[0], list(table), settings.target))
+        rng = np.random.default_rng(settings.seed)
+        inputs = {m: _inputs(table[m], rng) for m in models}
+        weights = [max(settings.rates[m], 0.0) for m in models]
+        if sum(weights) <= 0:
+            weights = [1.0] * len(models)
+        measured_from = time.monotonic() + settings.warmup_s
+        end = measured_from + settings.duration_s
+        counted = [0]
+
+        async def loop(k: int) -> None:
+            draw = random.Random(settings.seed + k)
+            while time.monotonic() < end:
+                model = draw.choices(models, weights)[0]
+                pool = inputs[model]
+                reply = await client.send(
+                    model, pool[draw.randrange(len(pool))], deadline_ms=settings.deadline_ms
+                )
+                if time.monotonic() >= measured_from and reply.status == "ok":
+                    counted[0] += 1
+
+        await asyncio.gather(*(loop(k) for k in range(in_flight)))
+        return counted[0] / settings.duration_s
+    finally:
+        await client.close()
 
 
 @dataclass(frozen=True)
@@ -283,32 +329,52 @@ def write_csv(result: BenchResult, path: Path) -> None:
 
 
 def write_plot(result: BenchResult, path: Path) -> None:
-    """Latency CDF per model (ok answers) and the exit mix; needs matplotlib."""
-    import matplotlib
+    """Latency CDF per model (ok answers) with each model's SLO, and the exit mix; needs matplotlib.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Colours come from edgeserve.plotting, so a model has the same colour here as in the profile plot.
+    """
+    from edgeserve.plotting import SLO_STYLE, color, pyplot
 
-    fig, (cdf, mix) = plt.subplots(1, 2, figsize=(11, 4))
+    plt = pyplot()
+    fig, (cdf, mix) = plt.subplots(1, 2, figsize=(11, 4.2))
     for model in result.rates:
         lat = np.sort([r.latency_ms for r in result.records if r.model == model and r.status == "ok"])
         if lat.size:
-            cdf.plot(lat, np.arange(1, lat.size + 1) / lat.size, label=model)
+            cdf.plot(lat, np.arange(1, lat.size + 1) / lat.size, label=model, color=color(model))
+        if model in result.slo_ms:
+            style = {**SLO_STYLE, "color": color(model)}
+            cdf.axvline(result.slo_ms[model], label=f"SLO {model} {result.slo_ms[model]:g} ms", **style)
     cdf.set_xlabel("client latency (ms)")
     cdf.set_ylabel("fraction of ok answers")
-    cdf.legend()
+    cdf.set_title("latency CDF (dashed: each model's SLO)", fontsize=9)
+    cdf.legend(fontsize=7)
     cdf.grid(alpha=0.3)
     exits = sorted({str(r.exit_name) for r in result.records if r.status == "ok"})
+    shades = plt.get_cmap("viridis")
     bottom = np.zeros(len(result.rates))
-    for exit_name in exits:
+    for i, exit_name in enumerate(exits):
         share = []
         for model in result.rates:
             ok = [r for r in result.records if r.model == model and r.status == "ok"]
-            share.append(sum(str(r.exit_name) == exit_name for r in ok) / max(1, len(ok)))
-        mix.bar(list(result.rates), share, bottom=bottom, label=exit_name)
+            share.append(100.0 * sum(str(r.exit_name) == exit_name for r in ok) / max(1, len(ok)))
+        mix.bar(
+            list(result.rates),
+            share,
+            bottom=bottom,
+            label=exit_name,
+            color=shades(i / max(1, len(exits) - 1)),
+        )
         bottom += np.array(share)
-    mix.set_ylabel("exit mix")
-    mix.legend()
+    for tick, model in zip(mix.get_xticklabels(), result.rates, strict=False):
+        tick.set_color(color(model))
+    mix.set_ylabel("exit mix (% of ok answers)")
+    mix.set_title("exit taken per model", fontsize=9)
+    mix.legend(title="exit", fontsize=7)
+    rate = sum(result.rates.values())
+    fig.suptitle(
+        f"edgeserve bench {result.settings.target}: {rate:g} requests/s for {result.settings.duration_s:g} s",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -18,6 +18,8 @@ examples:
   # explicit per-model rates, with a CSV of every request and a plot
   edgeserve bench --target tcp://127.0.0.1:7070 --model digits-s --rate 60 --model digits-m --rate 40 \\
       --csv out/bench.csv --plot out/bench.png
+  # what the box can take right now (closed loop), to set --total-rate against (e.g. half of it)
+  edgeserve bench --target unix:///tmp/edgeserve.sock --capacity --duration 3
   # the same load over the Open Inference Protocol (edgeserve's [listen] http, or Triton/KServe)
   edgeserve bench --target http://127.0.0.1:8000 --total-rate 150 --duration 10          # binary tensors
   edgeserve bench --target http://127.0.0.1:8000 --model digits-m --rate 50 --json       # JSON tensors
@@ -82,31 +84,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--csv", type=Path, help="write one row per request here")
     parser.add_argument("--plot", type=Path, help="write a latency CDF and exit-mix plot here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="instead of Poisson traffic: keep a few requests always in flight for --duration s (closed "
+        "loop) and print the ok answers per second, the most this box serves now; set --total-rate "
+        "relative to it (e.g. half)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edgeserve.errors import EdgeServeError
+    from edgeserve.errors import EdgeServeError, require_module
     from edgeserve.loop import run as run_loop
     from edgeserve.tools.bench import (
+        CAPACITY_IN_FLIGHT,
         BenchSettings,
         connect_target,
         default_ratios,
         format_report,
+        measure_capacity,
         run_bench,
         split_rate,
         write_csv,
         write_plot,
     )
+    from edgeserve.wire.client import parse_target
 
     if args.rate and len(args.rate) != len(args.model):
-        raise EdgeServeError("give one --rate per --model (or --ratios with --total-rate)")
+        raise EdgeServeError(
+            f"{len(args.rate)} --rate for {len(args.model)} --model: give one --rate after each --model "
+            "(or --ratios with --total-rate)"
+        )
     if args.rate and args.ratios:
-        raise EdgeServeError("--rate and --ratios are exclusive")
+        raise EdgeServeError("--rate and --ratios are exclusive: drop one")
     if args.duration <= 0 or args.warmup < 0:
-        raise EdgeServeError("--duration must be positive and --warmup non-negative")
+        raise EdgeServeError(
+            f"--duration {args.duration:g} / --warmup {args.warmup:g}: the duration must be positive "
+            "and the warm-up non-negative"
+        )
+    if args.total_rate <= 0 or any(r < 0 for r in args.rate):
+        raise EdgeServeError("--total-rate must be positive and every --rate non-negative")
+    if args.plot is not None:  # before the run, not after it
+        require_module("matplotlib", "--plot")
+    if not args.target.startswith(("http://", "https://")):
+        parse_target(args.target)
     settings = BenchSettings(
         target=args.target,
         rates={},
@@ -131,6 +155,15 @@ def run(args: argparse.Namespace) -> int:
         models = args.model or run_loop(served_models())
         rates = split_rate(models, args.ratios or default_ratios(len(models)), args.total_rate)
     settings = replace(settings, rates=rates)
+    if args.capacity:
+        capacity = run_loop(measure_capacity(settings))
+        smallest = min((r for r in rates.values() if r > 0), default=1.0)
+        mix = ":".join(f"{r / smallest:.3g}" for r in rates.values())
+        print(
+            f"bench: capacity {capacity:.0f} requests/s ({', '.join(rates)} in the ratio {mix}; closed loop, "
+            f"{CAPACITY_IN_FLIGHT} in flight, {args.duration:g} s after {args.warmup:g} s warm-up)"
+        )
+        return 0
     shown = ", ".join(f"{m} {r:.1f}/s" for m, r in rates.items())
     print(
         f"bench: {args.target}: {shown}; warm-up {args.warmup:g} s, measuring {args.duration:g} s", flush=True

@@ -2,9 +2,10 @@
 
 Each step is the public command a user would type, printed before it runs, so the demo doubles as a
 walk-through: export, profile (both cached: a second run re-uses the exported models and the measured
-profiles), then `edgeserve serve` on a UNIX socket and an Open Inference Protocol HTTP port,
-`edgeserve bench` against each, a scrape of the Prometheus endpoint, and a SIGTERM that stops the
-server cleanly.
+profiles), then `edgeserve serve` on a UNIX socket and an Open Inference Protocol HTTP port;
+against each, `edgeserve bench --capacity` measures what this box takes right now and
+`edgeserve bench` drives Poisson traffic at a fraction of it (--load, default 0.5); then a scrape
+of the Prometheus endpoint, and a SIGTERM that stops the server cleanly.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -23,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeserve.errors import DEBUG_ENV, EdgeServeError, guarded, require_module
 from edgeserve.net.listeners import free_port
 from edgeserve.service.serve_cli import ready_urls
 
@@ -121,7 +124,8 @@ def _wait_ready(server: subprocess.Popen[str], timeout: float) -> str | None:
     return found[0] if found else None
 
 
-HTTP_DEMO_RATE = 300.0  # requests/s over HTTP: each costs ~1 ms of Python on a shared 2-core box
+DEFAULT_LOAD = 0.5  # the benches run at half of what the box was just measured to take
+CAPACITY_S = 3.0  # seconds of closed-loop traffic to measure it
 METRICS_SHOWN = (
     "edgeserve_requests_total",
     "edgeserve_deadline_violations_total",
@@ -131,12 +135,22 @@ METRICS_SHOWN = (
 )
 
 
+def _bench_argv(target: str, *options: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "edgeserve"), "bench", "--target", target, *options]
+
+
+def _capacity(number: int, what: str, target: str) -> float | None:
+    """`edgeserve bench --capacity`: the ok answers/s this box serves right now in a closed loop."""
+    argv = _bench_argv(target, "--capacity", "--duration", f"{CAPACITY_S:g}", "--warmup", "1")
+    _show(number, f"measure what this box can take over {what} right now (closed loop)", argv)
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+    print(done.stdout, end="", flush=True)
+    match = re.search(r"capacity (\d+(?:\.\d+)?) requests/s", done.stdout)
+    return float(match.group(1)) if done.returncode == 0 and match else None
+
+
 def _bench(number: int, what: str, target: str, out: Path, rate: float, duration: float, name: str) -> int:
-    bindir = Path(sys.executable).parent
-    bench = [
-        str(bindir / "edgeserve"),
-        "bench",
-        "--target",
+    bench = _bench_argv(
         target,
         "--total-rate",
         f"{rate:g}",
@@ -148,12 +162,27 @@ def _bench(number: int, what: str, target: str, out: Path, rate: float, duration
         str(out / f"{name}.csv"),
         "--plot",
         str(out / f"{name}.png"),
-    ]
+    )
     _show(number, f"drive Poisson traffic (3:2:1) over {what} and report deadline violations", bench)
     t0 = time.perf_counter()
     code = subprocess.call(bench)
     print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
     return code
+
+
+def _rate(capacity: float | None, load: float, fixed: float | None, what: str) -> float:
+    """--total-rate when given, else `load` x the measured capacity; says which and why."""
+    if fixed is not None:
+        print(f"   driving {what} at --total-rate {fixed:g} requests/s (fixed; capacity not used)")
+        return fixed
+    if capacity is None or capacity <= 0:
+        raise DemoError(f"could not measure the capacity over {what}; see the output above")
+    rate = max(1.0, round(load * capacity))
+    print(
+        f"   driving {what} at {load:g} x {capacity:.0f} = {rate:g} requests/s (--load {load:g}): "
+        "the capacity depends on this box's cores, what else runs on them and the backend's threads"
+    )
+    return rate
 
 
 def _show_metrics(number: int, url: str) -> None:
@@ -168,8 +197,10 @@ def _show_metrics(number: int, url: str) -> None:
     print("   (the server counts every request since it started, the benches' warm-up seconds included)")
 
 
-def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float, duration: float) -> int:
-    """Start `edgeserve serve`, drive it with `edgeserve bench`, stop it with SIGTERM."""
+def serve_and_bench(
+    number: int, repository: Path, out: Path, load: float, fixed_rate: float | None, duration: float
+) -> int:
+    """Start `edgeserve serve`, measure its capacity, drive it at `load` x that, stop it with SIGTERM."""
     bindir = Path(sys.executable).parent
     config = out / "demo-serve.toml"
     socket_dir = Path(tempfile.mkdtemp(prefix="edgeserve-demo-"))  # short path: UNIX socket names are limited
@@ -181,35 +212,29 @@ def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float,
     _show(number, f"start the server: UNIX socket, HTTP, metrics (log: {log_path})", serve, background=True)
     with log_path.open("w") as log:
         server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=log, text=True)
+    step = number + 1
     try:
         ready = _wait_ready(server, READY_TIMEOUT_S)
         if ready is None:
-            print(
-                f"demo: no ready line from the server within {READY_TIMEOUT_S:.0f} s; see {log_path}",
-                file=sys.stderr,
-            )
-            return 1
+            raise DemoError(f"no ready line from the server within {READY_TIMEOUT_S:.0f} s; see {log_path}")
         print(ready, flush=True)
-        code = _bench(
-            number + 1, "the UNIX socket", f"unix://{socket_path}", out, total_rate, duration, "bench"
-        )
-        if code == 0:
-            http_rate = min(total_rate, HTTP_DEMO_RATE)
-            target = f"http://127.0.0.1:{http_port}"
-            code = _bench(
-                number + 2,
-                "Open Inference Protocol (HTTP)",
-                target,
-                out,
-                http_rate,
-                duration / 2,
-                "bench-http",
-            )
-        if code == 0:
-            _show_metrics(number + 3, f"http://127.0.0.1:{metrics_port}/metrics")
+        unix, http = f"unix://{socket_path}", f"http://127.0.0.1:{http_port}"
+        code = 0
+        for what, target, seconds, name in (
+            ("the UNIX socket", unix, duration, "bench"),
+            ("Open Inference Protocol (HTTP)", http, duration / 2, "bench-http"),
+        ):
+            capacity = None if fixed_rate is not None else _capacity(step, what, target)
+            step += fixed_rate is None
+            rate = _rate(capacity, load, fixed_rate, what)
+            code = _bench(step, what, target, out, rate, seconds, name)
+            step += 1
+            if code != 0:
+                return code
+        _show_metrics(step, f"http://127.0.0.1:{metrics_port}/metrics")
         return code
     finally:
-        print(f"\n== {number + 4}. stop the server\n$ kill -TERM {server.pid}", flush=True)
+        print(f"\n== {step + 1}. stop the server\n$ kill -TERM {server.pid}", flush=True)
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(30)
@@ -221,6 +246,10 @@ def serve_and_bench(number: int, repository: Path, out: Path, total_rate: float,
             socket_dir.rmdir()
 
 
+class DemoError(EdgeServeError):
+    """A demo step could not run; the message says which and where to look."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m edgeserve.demo", description=__doc__)
     parser.add_argument(
@@ -229,12 +258,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("out/profile.png"))
     parser.add_argument("--force", action="store_true", help="re-export and re-profile even if cached")
     parser.add_argument(
-        "--total-rate", type=float, default=1000.0, help="requests/s over the three models (default 1000)"
+        "--load",
+        type=float,
+        default=DEFAULT_LOAD,
+        help=f"drive the benches at this fraction of the capacity measured first (default {DEFAULT_LOAD:g})",
+    )
+    parser.add_argument(
+        "--total-rate",
+        type=float,
+        default=None,
+        help="a fixed requests/s over the three models instead of --load x the measured capacity",
     )
     parser.add_argument(
         "--duration", type=float, default=10.0, help="measured seconds of traffic (default 10)"
     )
+    parser.add_argument(
+        "--debug", action="store_true", help=f"show the Python traceback of an error (also {DEBUG_ENV}=1)"
+    )
     args = parser.parse_args(argv)
+    return guarded("demo", lambda: run(args), debug=args.debug)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.load <= 2 or args.duration <= 0 or (args.total_rate is not None and args.total_rate <= 0):
+        raise DemoError("--load must be in (0, 2], --duration and --total-rate positive")
+    require_module("matplotlib", "the demo's plots", "run `make demo`, which installs it")
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     all_steps = steps(args.repository, args.plot, args.force)
@@ -243,11 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         code = subprocess.call(step.argv)
         if code != 0:
-            print(f"demo: step {number} failed with exit code {code}", file=sys.stderr)
+            print(f"demo: step {number} failed with exit code {code} (its message is above)", file=sys.stderr)
             return code
         print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
     code = serve_and_bench(
-        len(all_steps) + 1, args.repository, args.plot.parent, args.total_rate, args.duration
+        len(all_steps) + 1, args.repository, args.plot.parent, args.load, args.total_rate, args.duration
     )
     if code != 0:
         print(f"demo: serving failed with exit code {code}", file=sys.stderr)

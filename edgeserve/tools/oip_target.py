@@ -96,6 +96,11 @@ async def served_models(client: OipClient) -> list[str]:
     try:
         index = await client.repository_index()
     except OipError as exc:
+        if exc.kind in ("connect", "timeout"):
+            raise EdgeServeError(
+                f"nothing answers at {client.url} ({exc}): start the server (`edgeserve serve --config FILE` "
+                "with [listen] http) or fix --target"
+            ) from None
         raise EdgeServeError(
             f"{client.url} does not list its models ({exc}); name them with --model"
         ) from None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,11 +13,14 @@ EPILOG = """\
 examples:
   edgeserve send --target unix:///run/edgeserve.sock --model digits-m --synthetic 5
   edgeserve send --target tcp://127.0.0.1:7070 --model digits-m --npy samples.npy --deadline-ms 20
-  edgeserve send --target unix:///run/edgeserve.sock --model cam-net --image frame.jpg --capture-now
+  edgeserve send --target unix:///run/edgeserve.sock --model digits-m --image frame.jpg --capture-now
 
---npy takes one sample shaped like the model input, or a stack of them (N, ...); uint8 arrays shaped
-(H, W, C) are sent as camera frames. --image decodes a picture to uint8 RGB (needs Pillow) and sends
-it as a camera frame: the model needs a [models.<name>.preprocess] table in the server config.
+--npy takes one sample shaped like the model input, or a stack of them (N, ...); another float dtype
+(float64 from numpy) is converted to the model's with a note; uint8 arrays shaped (H, W, C) are sent
+as camera frames. --image decodes a picture (needs Pillow) to uint8 in the channels the server's
+[models.<name>.preprocess] table names (rgb, bgr or gray) and sends it as a camera frame.
+At most the server's window (hello max_in_flight, listen.max_in_flight) is in flight at once; the
+rest wait in the client, so a long --synthetic run is not answered `rejected`.
 One line per answer: id, status, exit, top-1 class and its logit, client latency.
 """
 
@@ -43,52 +48,90 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _note(text: str) -> None:
+    print(f"send: {text}", file=sys.stderr, flush=True)
+
+
+def _image(path: Path, camera: dict[str, Any] | None, model: str) -> list[Any]:
+    """The picture as a uint8 HWC frame in the channel order the server's preprocess expects."""
+    import numpy as np
+    from PIL import Image
+
+    from edgeserve.errors import InputError
+
+    if camera is None:
+        raise InputError(
+            f"--image: the server takes no camera frames for {model!r}; add a [models.{model}.preprocess] "
+            "table to its config (the example config of `edgeserve install-service --dry-run` shows one), "
+            "or send a tensor with --npy"
+        )
+    channels = str(camera.get("channels", "rgb"))
+    try:
+        with Image.open(path) as image:
+            frame = np.asarray(image.convert("L" if channels == "gray" else "RGB"), dtype=np.uint8)
+    except OSError as exc:
+        raise InputError(f"--image {path}: cannot read the image ({exc}); give a PNG or JPEG file") from None
+    if channels == "gray":
+        return [frame[:, :, None]]
+    return [np.ascontiguousarray(frame[:, :, ::-1]) if channels == "bgr" else frame]
+
+
 def _inputs(args: argparse.Namespace, spec: dict[str, Any]) -> list[Any]:
     import numpy as np
 
     from edgeserve.errors import InputError
 
     shape = tuple(spec["input"]["shape"])
+    dtype = np.dtype(spec["input"]["dtype"])
     if args.synthetic is not None:
-        if args.synthetic < 1:
-            raise InputError("--synthetic needs at least 1 input")
         rng = np.random.default_rng(0)
-        return list(rng.standard_normal((args.synthetic, *shape)).astype(spec["input"]["dtype"]))
+        return list(rng.standard_normal((args.synthetic, *shape)).astype(dtype))
     if args.image is not None:
-        try:
-            from PIL import Image
-        except ImportError:
-            raise InputError(
-                "--image needs Pillow: pip install 'edgeserve[image]' (or send a .npy with --npy)"
-            ) from None
-        try:
-            with Image.open(args.image) as image:
-                return [np.asarray(image.convert("RGB"), dtype=np.uint8)]
-        except OSError as exc:
-            raise InputError(f"{args.image}: cannot read the image ({exc})") from None
+        return _image(args.image, spec.get("camera_input"), args.model)
     try:
         array = np.load(args.npy, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise InputError(f"{args.npy}: not a readable .npy file ({exc})") from None
+        raise InputError(
+            f"--npy {args.npy}: not a readable .npy file ({exc}); write one with numpy.save"
+        ) from None
     is_frame = array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in (1, 3)
+    if not is_frame and array.dtype != dtype and not (array.dtype == np.uint8 and array.ndim == 4):
+        if array.dtype.kind not in "fiu":
+            raise InputError(f"--npy {args.npy}: dtype {array.dtype} cannot become the model's {dtype}")
+        _note(f"{args.npy}: converting {array.dtype} to the model's {dtype}")
+        array = array.astype(dtype)
     if tuple(array.shape) == shape or is_frame:
         return [array]
     if tuple(array.shape[1:]) == shape or (array.dtype == np.uint8 and array.ndim == 4):
         return list(array)
     raise InputError(
-        f"{args.npy}: shape {array.shape} is neither {shape} nor (N, {', '.join(map(str, shape))})"
+        f"--npy {args.npy}: shape {array.shape} is neither {shape} nor (N, {', '.join(map(str, shape))})"
     )
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What can be checked before connecting: the options, the files and the optional modules."""
+    from edgeserve.errors import InputError, require_module
+
+    if args.synthetic is not None and args.synthetic < 1:
+        raise InputError(f"--synthetic {args.synthetic}: give at least 1 input")
+    for option, path in (("--image", args.image), ("--npy", args.npy)):
+        if path is not None and not path.is_file():
+            raise InputError(f"{option} {path}: no such file; check the path")
+    if args.image is not None:
+        require_module("PIL", "--image")
+    if args.timeout <= 0:
+        raise InputError(f"--timeout {args.timeout:g}: must be positive")
 
 
 def run(args: argparse.Namespace) -> int:
     from edgeserve.errors import InputError
-    from edgeserve.wire.client import BlockingClient
+    from edgeserve.wire.client import BlockingClient, unknown_served_model
 
+    check_args(args)
     with BlockingClient(args.target, token=args.token) as client:
         if args.model not in client.models:
-            raise InputError(
-                f"the server does not serve {args.model!r}; it serves {', '.join(client.models)}"
-            )
+            raise InputError(unknown_served_model(args.model, list(client.models), args.target))
         xs = _inputs(args, client.models[args.model])
         started: list[float] = []
         finished: dict[int, float] = {}
@@ -103,7 +146,13 @@ def run(args: argparse.Namespace) -> int:
             futures.append(future)
         failed = 0
         for k, (t0, future) in enumerate(zip(started, futures, strict=True)):
-            reply = future.result(args.timeout)
+            try:
+                reply = future.result(args.timeout)
+            except concurrent.futures.TimeoutError:
+                raise InputError(
+                    f"no answer within --timeout {args.timeout:g} s; is the server overloaded? "
+                    "try a larger --timeout"
+                ) from None
             ms = (finished.get(k, time.perf_counter()) - t0) * 1000.0
             if reply.ok and reply.output is not None:
                 top = int(reply.output.argmax())

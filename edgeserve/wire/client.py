@@ -6,9 +6,11 @@
     with BlockingClient("tcp://127.0.0.1:7070", token="...") as client:
         reply = client.infer("digits-m", x, deadline_ms=20)
 
-Requests are written as soon as they are made; one reader task resolves each request's future
-by id, so answers may arrive in any order. If the connection drops, every waiting call raises
-ConnectionError.
+Requests are written as soon as they are made, up to the window the server advertises in its
+hello (`max_in_flight`, docs/protocol.md): beyond it a request waits in the client until an answer
+frees a slot, so a burst is queued here instead of answered `rejected` by the server. One reader
+task resolves each request's future by id, so answers may arrive in any order. If the connection
+drops, every waiting call raises ConnectionError.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import threading
+from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -79,6 +82,38 @@ class Reply:
         )
 
 
+class ConnectFailed(EdgeServeError, ConnectionError):
+    """No server could be reached at the target; the message names it and says what to check."""
+
+
+def connect_failure(target: str, kind: str, address: str, exc: BaseException) -> str:
+    """One sentence for a failed connect: the target, what happened, and what to do."""
+    start = "start the server (`edgeserve serve --config FILE`) or fix --target"
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return f"cannot connect to {target}: no answer; check that the server runs there, or {start}"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot connect to {target}: no socket file {address}: {start} (its [listen] unix path)"
+    if isinstance(exc, ConnectionRefusedError):
+        where = "a stale socket file, nobody listens" if kind == "unix" else "nothing listens on that port"
+        return f"cannot connect to {target}: connection refused ({where}): {start}"
+    if isinstance(exc, PermissionError):
+        return (
+            f"cannot connect to {target}: permission denied: add this user to the socket's group "
+            "(listen.unix_group) or run as the service user"
+        )
+    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return f"cannot connect to {target}: {reason}: {start}"
+
+
+def unknown_served_model(model: str, served: list[str], target: str) -> str:
+    """`--model 'x': not served at <target>; did you mean 'y'?` with the served names."""
+    import difflib
+
+    close = difflib.get_close_matches(model, served, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"--model {model!r} is not served at {target}: {hint}it serves {', '.join(served) or 'nothing'}"
+
+
 def parse_target(target: str) -> tuple[str, str | int]:
     """("unix", path) or ("tcp", "host:port" split later); EdgeServeError on anything else."""
     url = urlparse(target)
@@ -86,7 +121,8 @@ def parse_target(target: str) -> tuple[str, str | int]:
         return "unix", url.netloc + url.path
     if url.scheme == "tcp" and url.hostname and url.port is not None:
         return "tcp", f"{url.hostname}:{url.port}"
-    raise EdgeServeError(f"target {target!r}: use unix:///path/to.sock or tcp://host:port")
+    hint = " (a UNIX socket path needs three slashes: unix:///run/x.sock)" if url.scheme == "unix" else ""
+    raise EdgeServeError(f"--target {target!r}: use unix:///path/to.sock or tcp://host:port{hint}")
 
 
 class AsyncClient:
@@ -99,22 +135,33 @@ class AsyncClient:
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._reader_task: asyncio.Task[None] | None = None
         self._closed_error: BaseException | None = None
+        self._on_wire = 0  # requests written and not yet answered
+        self._held: deque[bytes] = deque()  # frames waiting for a slot in the window
+        self.respect_window = True
         self.hello: dict[str, Any] = {}
 
     @classmethod
-    async def connect(cls, target: str, *, token: str | None = None, timeout: float = 10.0) -> AsyncClient:
+    async def connect(
+        cls, target: str, *, token: str | None = None, timeout: float = 10.0, respect_window: bool = True
+    ) -> AsyncClient:
+        """Connect and say hello. `respect_window=False` writes every request at once, beyond the
+        server's max_in_flight (tests of the server's own limit); clients keep the default."""
         kind, address = parse_target(target)
         limit = CLIENT_MAX_FRAME
-        if kind == "unix":
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(str(address), limit=limit), timeout
-            )
-        else:
-            host, port = str(address).rsplit(":", 1)
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, int(port), limit=limit), timeout
-            )
+        try:
+            if kind == "unix":
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(str(address), limit=limit), timeout
+                )
+            else:
+                host, port = str(address).rsplit(":", 1)
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, int(port), limit=limit), timeout
+                )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise ConnectFailed(connect_failure(target, kind, str(address), exc)) from None
         client = cls(reader, writer)
+        client.respect_window = respect_window
         try:
             await asyncio.wait_for(client._handshake(token), timeout)
         except BaseException:
@@ -142,6 +189,29 @@ class AsyncClient:
         self._reader_task = asyncio.ensure_future(self._read_loop())
 
     @property
+    def window(self) -> int | None:
+        """The most requests the server accepts in flight on this connection (None: it did not say)."""
+        value = self.hello.get("max_in_flight")
+        if not self.respect_window:
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def _write_within_window(self, frame: bytes) -> None:
+        window = self.window
+        if self._held or (window is not None and self._on_wire >= window):
+            self._held.append(frame)
+            return
+        self._on_wire += 1
+        self._writer.write(frame)
+
+    def _answered(self) -> None:
+        self._on_wire = max(0, self._on_wire - 1)
+        window = self.window
+        while self._held and (window is None or self._on_wire < window):
+            self._on_wire += 1
+            self._writer.write(self._held.popleft())
+
+    @property
     def models(self) -> dict[str, Any]:
         """The server's model table from the hello: input dtype/shape, SLO, exits."""
         return dict(self.hello.get("models", {}))
@@ -166,12 +236,15 @@ class AsyncClient:
                     error = ServerRefused(f"server closed the connection: {message.get('error')}")
                     continue
                 future = self._pending.pop(message.get("id", -1), None)
-                if future is not None and not future.done():
-                    future.set_result(Reply.from_message(message))
+                if future is not None:
+                    self._answered()
+                    if not future.done():
+                        future.set_result(Reply.from_message(message))
         except (ProtocolError, KeyError, ValueError) as exc:
             error = ConnectionError(f"unreadable answer from the server: {exc}")
         finally:
             self._closed_error = error
+            self._held.clear()
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(error)
@@ -186,7 +259,8 @@ class AsyncClient:
         capture_ts: float | None = None,
         priority: int | None = None,
     ) -> asyncio.Future[Reply]:
-        """Write one request now and return the future of its Reply (pipelining without awaiting)."""
+        """Write one request now (or, with the window full, as soon as an answer frees a slot) and
+        return the future of its Reply (pipelining without awaiting)."""
         if self._closed_error is not None:
             raise self._closed_error
         request_id = next(self._ids)
@@ -204,7 +278,7 @@ class AsyncClient:
             message["priority"] = int(priority)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._writer.write(encode_frame(message))
+        self._write_within_window(encode_frame(message))
         return future
 
     async def infer(
@@ -223,6 +297,7 @@ class AsyncClient:
 
     @property
     def in_flight(self) -> int:
+        """Requests not answered yet, those held back by the window included."""
         return len(self._pending)
 
     async def close(self) -> None:

@@ -122,7 +122,7 @@ def test_requests_beyond_the_in_flight_limit_are_rejected_and_every_id_is_answer
     with server_thread(net_config(config_dict(root), tmp_path, max_in_flight=3), factory) as srv:
 
         async def main() -> list[Reply]:
-            async with await AsyncClient.connect(srv.unix_url) as client:
+            async with await AsyncClient.connect(srv.unix_url, respect_window=False) as client:
                 return list(await asyncio.gather(*(client.send("tiny_a", x) for x in xs)))
 
         replies = run(main())

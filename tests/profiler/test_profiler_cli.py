@@ -98,6 +98,9 @@ def test_missing_model_is_one_clear_line(
 
 def test_empty_repository_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _error_line(capsys, ["--repository", str(tmp_path / "none"), *QUICK])
+    assert f"{tmp_path / 'none'} does not exist" in err and "edgeserve export --demo --repository" in err
+    (tmp_path / "empty").mkdir()
+    err = _error_line(capsys, ["--repository", str(tmp_path / "empty"), *QUICK])
     assert "no models" in err and "edgeserve export" in err
 
 

@@ -60,7 +60,10 @@ def test_doctor_fails_without_a_profile_for_this_device_and_names_the_command(
     finding = _by_check(report)["profile tiny_a"]
     assert code == 1 and not report["ok"]
     assert finding["status"] == "FAIL" and "no profile of 'tiny_a' for this device" in finding["finding"]
-    assert finding["fix"] == f"edgeserve-profile --model tiny_a --repository {root} --threads 1"
+    assert (
+        finding["fix"]
+        == f"edgeserve-profile --model tiny_a --repository {root} --backend onnxruntime --threads 1"
+    )
 
 
 def test_doctor_fails_on_a_missing_config_with_the_fix(

@@ -21,6 +21,9 @@ def test_dry_run_prints_every_step_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "marker").touch()
+    model = tmp_path / "var/lib/edgeserve/engines/digits-m"
+    model.mkdir(parents=True)
+    (model / "manifest.json").write_text("{}")  # a repository with a model: the service is started
     before = _tree(tmp_path)
     assert cli_main(["install-service", "--dry-run", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -33,6 +36,20 @@ def test_dry_run_prints_every_step_and_writes_nothing(
     assert f"    | ExecStart={executable} serve --config /etc/edgeserve/config.toml" in out
     assert "useradd --system --no-create-home" in out and "systemctl enable --now edgeserve" in out
     assert "skipped under --root" in out
+
+
+def test_an_empty_repository_is_not_started_and_tmp_paths_warn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    executable = Path("/tmp/venv/bin/edgeserve")
+    assert (
+        cli_main(["install-service", "--dry-run", "--root", str(tmp_path), "--executable", str(executable)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "not starting the service" in out and "edgeserve export --demo --repository" in out
+    assert "--now" not in out
+    assert f"{executable} is under /tmp, which PrivateTmp=yes" in out
 
 
 def test_dry_run_on_the_real_system_lists_useradd_and_systemctl_as_commands(

@@ -43,7 +43,7 @@ def test_send_prints_one_answer_per_input(served_root: Path, tmp_path: Path, cap
     assert [line.split()[1] for line in synthetic] == ["ok"] * 3
     assert len(npy) == 4 and all(" ok " in line and "class " in line for line in npy)
     assert len(image) == 1 and " ok " in image[0]
-    assert "does not serve 'nope'" in refused
+    assert "--model 'nope' is not served at" in refused
 
 
 def test_camera_sender_example_streams_synthetic_frames(served_root: Path, tmp_path: Path) -> None:

@@ -9,7 +9,10 @@ per decision. Time is passed in, so tests drive it without sleeping.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
+
+_log = logging.getLogger(__name__)
 
 
 class BreakerState(str, enum.Enum):
@@ -34,6 +37,7 @@ class CircuitBreaker:
     _cooldown: float = 0.0  # the current one (grows while half-open probes fail)
     _probe_out: bool = False  # half-open: the one probe batch is in flight
     opened: int = 0  # how many times it opened (for tests and logs)
+    name: str = "upstream"  # for the log lines when it opens and closes
 
     def __post_init__(self) -> None:
         if self.failures_to_open < 1 or self.cooldown_s <= 0 or self.max_cooldown_s < self.cooldown_s:
@@ -62,6 +66,8 @@ class CircuitBreaker:
 
     def success(self, now: float) -> None:
         """A batch came back: close (and forget the failures and the grown cooldown)."""
+        if self._state is not BreakerState.CLOSED:
+            _log.warning("circuit breaker of %s closed: it answers again", self.name)
         self._state = BreakerState.CLOSED
         self._failures = 0
         self._cooldown = self.cooldown_s
@@ -80,6 +86,11 @@ class CircuitBreaker:
         # already open: a batch sent before it opened failed too; nothing more to learn
 
     def _open(self, now: float) -> None:
+        _log.warning(
+            "circuit breaker of %s opened: nothing is offloaded to it for %.1f s, then one probe batch",
+            self.name,
+            self._cooldown,
+        )
         self._state = BreakerState.OPEN
         self._open_until = now + self._cooldown
         self._failures = 0
