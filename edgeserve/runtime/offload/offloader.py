@@ -92,7 +92,9 @@ class Offloader:
                 max_connections=config.max_in_flight + 1,
                 token=config.token,
             )
-            breaker = CircuitBreaker(config.failures_to_open, config.cooldown_s, config.max_cooldown_s)
+            breaker = CircuitBreaker(
+                config.failures_to_open, config.cooldown_s, config.max_cooldown_s, name=config.name
+            )
             self.upstreams.append(Upstream(config, client, breaker, LinkEstimator()))
         names = context.models
         self._routes_by_model = {
