@@ -133,22 +133,25 @@ class CameraStream:
         return self._stopping or (self._source_done and not pending)
 
     async def _serve(self) -> None:
+        lost_since: float | None = None
         while not self._finished():
-            client = await self._connect()
+            client = await self._connect(lost_since)
             if client is None:
                 return
             try:
                 await self._send_frames(client)
             except ConnectionError as exc:
-                self._server_lost(exc)
+                lost_since = self._server_lost(exc)
                 continue
             finally:
                 await self._drain(client)
                 await client.close()
 
-    async def _connect(self) -> AsyncClient | None:
-        """A greeted connection whose model fits; None when stopped first. Retries with backoff."""
-        lost_since: float | None = None
+    async def _connect(self, lost_since: float | None) -> AsyncClient | None:
+        """A greeted connection whose model fits; None when stopped first. Retries with backoff.
+
+        `lost_since`: the episode started when a connection dropped (already logged).
+        """
         while not self._finished():
             try:
                 client = await AsyncClient.connect(self.config.target, token=self.config.token, timeout=5.0)
@@ -188,11 +191,12 @@ class CameraStream:
         await self._sleep(self._server_backoff.next())
         return lost_since
 
-    def _server_lost(self, exc: BaseException) -> None:
+    def _server_lost(self, exc: BaseException) -> float:
         log.warning(
-            "server connection lost; reconnecting",
-            extra={"source": self.config.name, "reason": _describe(exc)},
+            "server connection lost; reconnecting with backoff",
+            extra={"source": self.config.name, "target": self.config.target, "reason": _describe(exc)},
         )
+        return time.monotonic()
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake up early on stop()."""

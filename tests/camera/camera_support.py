@@ -261,6 +261,8 @@ class StreamsThread:
                 self.loop.call_soon_threadsafe(stream.stop)
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "the camera streams did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the camera streams failed: {self.error!r}") from self.error
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
