@@ -92,3 +92,23 @@ def test_a_tcp_stream_that_goes_away_is_reopened_and_logged_once_per_episode(
     good, ok = correct(records, clip)
     assert good >= 0.85 * ok and ok >= 40
     assert max(r["frame"] for r in records) > max(r["pos"] for r in records)  # frames counted across episodes
+
+
+def test_the_embedding_example_prints_one_line_per_frame(
+    digits_root: Path, clip: Clip, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from repo_paths import REPO
+
+    video = write_clip(tmp_path / "digits.mp4", clip)
+    with server_thread(serve_config(digits_root, tmp_path)) as srv:
+        argv = [sys.executable, str(REPO / "examples" / "camera_embed.py"), "--target", srv.tcp_url]
+        done = subprocess.run(
+            [*argv, "--model", "digits-s", "--source", str(video)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(" ok " in line and "after capture" in line for line in lines) >= 0.9 * len(clip.labels)
+    assert lines[-1].startswith("answers by status: {'ok': ")
