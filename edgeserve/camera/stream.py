@@ -110,11 +110,20 @@ class CameraStream:
     async def run(self) -> None:
         """Until the source ends or stop(); CameraSetupError or a fatal SourceError end it early."""
         loop = asyncio.get_running_loop()
+
+        def to_loop(callback: Callable[[Any], None]) -> Callable[[Any], None]:
+            def call(value: Any) -> None:
+                # A read that outlives the stop (a stalled network stream) finds the loop closed.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(callback, value)
+
+            return call
+
         grabber = Grabber(
             self.config.name,
             self.source,
-            lambda f: loop.call_soon_threadsafe(self._on_frame, f),
-            lambda e: loop.call_soon_threadsafe(self._on_source_end, e),
+            to_loop(self._on_frame),
+            to_loop(self._on_source_end),
             self._grabber_settings,
         )
         grabber.start()
