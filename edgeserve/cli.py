@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES = (
     "edgeserve.tools.send_cli",
     "edgeserve.service.install",
     "edgeserve.service.doctor",
+    "edgeserve.camera.cli",
 )
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from net_support import net_config, server_thread
-from repo_paths import REPO
 from runtime_support import config_dict, profiled_tiny_repository
 
 from edgeserve.cli import main as cli_main
@@ -44,18 +43,3 @@ def test_send_prints_one_answer_per_input(served_root: Path, tmp_path: Path, cap
     assert len(npy) == 4 and all(" ok " in line and "class " in line for line in npy)
     assert len(image) == 1 and " ok " in image[0]
     assert "--model 'nope' is not served at" in refused
-
-
-def test_camera_sender_example_streams_synthetic_frames(served_root: Path, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    config = config_dict(served_root)
-    config["models"]["tiny_b"]["preprocess"] = {"channels": "rgb"}
-    example = REPO / "examples" / "camera_sender.py"
-    with server_thread(net_config(config, tmp_path)) as srv:
-        argv = [sys.executable, str(example), "--target", srv.tcp_url, "--model", "tiny_b", "--frames", "5"]
-        done = subprocess.run([*argv, "--fps", "100"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "statuses: {'ok': 5}" in done.stdout
-    assert done.stdout.count("after capture") == 5
