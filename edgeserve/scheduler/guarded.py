@@ -41,9 +41,10 @@ from edgeserve.scheduler.urgency import Urgency
 # 16 models x 1000 tasks, where later batches are far from their deadlines anyway.
 LOOKAHEAD_BATCHES = 4
 
-# One queued batch of the continuation: (deadline of its tightest task, its sorted deadlines,
-# its shallowest-exit latency, queue index, position in that queue's list of batches).
-_Chunk = tuple[float, list[float], float, int, int]
+# One queued batch of the continuation: (deadline of its tightest task, queue index, position in
+# that queue's list of batches, its shallowest-exit latency, its sorted deadlines). Tuples sort
+# by deadline, then queue: the continuation's earliest-deadline order with the usual tie-break.
+_Chunk = tuple[float, int, int, float, list[float]]
 
 
 def queue_chunks(queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: int | None) -> list[_Chunk]:
@@ -57,12 +58,13 @@ def queue_chunks(queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: 
         size = min(model.max_batch, batch_cap or model.max_batch)
         deadlines = queue.deadlines[: size * LOOKAHEAD_BATCHES].tolist()
         uniform = queue.uniform_budget is not None  # FIFO by age, one budget: already sorted
+        by_batch = model.by_batch
         for j, start in enumerate(range(0, len(deadlines), size)):
             part = deadlines[start : start + size]
             if not uniform:
-                part = sorted(part)
-            chunks.append((part[0], part, model.by_batch[len(part) - 1][0], q, j))
-    chunks.sort(key=lambda c: (c[0], c[3]))
+                part.sort()
+            chunks.append((part[0], q, j, by_batch[len(part) - 1][0], part))
+    chunks.sort()
     return chunks
 
 
@@ -70,17 +72,23 @@ def doomed(chunks: list[_Chunk], first_queue: int, first_delta: float, now: floa
     """Tasks late in the optimistic continuation after serving `first_queue`'s head batch first."""
     t = now + first_delta
     late = 0
-    for _, part, _, q, j in chunks:
-        if q == first_queue and j == 0:
-            late += bisect_left(part, t)  # its own batch finishes at now + first_delta
-            break
-    for deadline, part, shallow, q, j in chunks:
-        if q == first_queue and j == 0:
+    for deadline, q, j, shallow, part in chunks:
+        if j == 0 and q == first_queue:
+            late += bisect_left(part, now + first_delta)  # its own batch ends at now + first_delta
             continue
         t += shallow
         if deadline < t:
             late += bisect_left(part, t)
     return late
+
+
+def unavoidable(chunks: list[_Chunk], now: float) -> int:
+    """Tasks late whatever is served first: even their own batch first, at its shallowest exit."""
+    return sum(
+        bisect_left(part, now + shallow)
+        for deadline, _, _, shallow, part in chunks
+        if deadline < now + shallow
+    )
 
 
 class GuardedStabilityPolicy:
@@ -125,13 +133,18 @@ class GuardedStabilityPolicy:
     ) -> Candidate:
         chunks = queue_chunks(queues, self.latency, self.batch_cap)
         lost = doomed(chunks, pick.model, pick.delta_s, now)
-        if not lost:
-            return pick  # nothing is lost even after this move: the usual case below saturation
+        if not lost or lost <= unavoidable(chunks, now):
+            return pick  # nothing is lost that any other move would save (below saturation: nothing)
+        # Each queue's best case (its batch at the shallowest exit); nobody beats the pick: keep it.
+        columns = [self.latency.models[c.model].by_batch[c.batch - 1] for c in candidates]
+        floor = [doomed(chunks, c.model, col[0], now) for c, col in zip(candidates, columns, strict=True)]
+        if min(floor) >= lost:
+            return pick
         best: tuple[int, float, int] | None = None  # (doomed, score, index into options)
         options: list[Candidate] = []
-        for c in candidates:
-            column = self.latency.models[c.model].by_batch[c.batch - 1]
-            at_shallowest = doomed(chunks, c.model, column[0], now)
+        for c, column, at_shallowest in zip(candidates, columns, floor, strict=True):
+            if at_shallowest >= lost:
+                continue  # cannot save more than the pick
             exit_pos = c.exit_pos
             count = lost if c is pick else doomed(chunks, c.model, c.delta_s, now)
             while count > at_shallowest and exit_pos > 0:  # shallower until it saves what it can
@@ -146,6 +159,6 @@ class GuardedStabilityPolicy:
             options.append(option)
             if best is None or key < best:
                 best = key
-        assert best is not None
+        assert best is not None  # some floor is below `lost`
         # Keep the stability pick unless another move saves strictly more tasks.
         return pick if best[0] >= lost else options[best[2]]
