@@ -106,3 +106,40 @@ def test_calibrated_tables_round_trip_as_json(latency: LatencyModel, tmp_path: P
     assert data["drifting"] is True and data["scale"] == pytest.approx(1.5, rel=0.02)
     assert data["latency_ms"][3][4] == pytest.approx(1.5 * data["profile_ms"][3][4], rel=0.02)
     json.dumps(c.cells())  # metrics snapshot is plain data
+
+
+def test_edgeserve_profile_folds_the_calibrated_table_into_the_stored_profile(
+    latency: LatencyModel, tmp_path: Path, capsys
+) -> None:
+    from edgeserve.profiler.cli import build_parser
+    from edgeserve.repository import ModelRepository
+
+    tables = paper_gpu_profiles(samples=50)
+    repository = ModelRepository(tmp_path)
+    stored = repository.save_profile(tables[2])
+    c = LatencyCalibrator(latency)
+    _feed(c, 2, 3, 5, 1.5, 30)
+    save_calibrated(tmp_path, tables[2].fingerprint.key(), c.calibrated())
+    args = build_parser().parse_args(
+        ["--repository", str(tmp_path), "--model", "ResNet152", "--write-calibrated"]
+    )
+    assert args.func(args) == 0
+    assert "ResNet152: 40 cells rescaled" in capsys.readouterr().out
+    from edgeserve.profile import ProfileTable
+
+    after = ProfileTable.load(stored)
+    assert after.latency_ms(3, 5) == pytest.approx(latency.models[2].latency(3, 5) * 1000.0, rel=1e-3)
+    assert after.settings["calibrated"]["scale"] == pytest.approx(1.5, rel=0.02)
+
+
+def test_the_calibration_key_is_validated() -> None:
+    from edgeserve.config.checks import ConfigError
+    from edgeserve.config.server import ServerConfig
+
+    base = {"repository": ".", "models": {"m": {"slo_ms": 50}}}
+    assert ServerConfig.from_dict(base).scheduler.calibration is True
+    assert (
+        ServerConfig.from_dict({**base, "scheduler": {"calibration": False}}).scheduler.calibration is False
+    )
+    with pytest.raises(ConfigError, match=r"scheduler\.calibration"):
+        ServerConfig.from_dict({**base, "scheduler": {"calibration": "yes"}})
