@@ -322,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(which,)) as pool:
-        rows = [r for batch in pool.map(run_job, jobs, chunksize=1) for r in batch]
+        rows = []
+        for done, batch in enumerate(pool.map(run_job, jobs, chunksize=1), start=1):
+            rows += batch
+            if done % max(1, len(jobs) // 20) == 0:
+                print(f"  {done}/{len(jobs)} jobs", file=sys.stderr, flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows))
     cells = aggregate(rows)
