@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from edgeserve.scheduler import DEFAULT_POLICY, PolicyOptions, make_policy
 from edgeserve.scheduler.latency import LatencyModel
 from edgeserve.scheduler.queues import TaskQueue
 from edgeserve.scheduler.stability import StabilityPolicy
@@ -33,6 +34,7 @@ class Scale:
     tasks: int
     mixed_budgets: bool = False
     exit_rule: str = "adaptive"
+    policy: str = ""  # a policy name (make_policy) instead of StabilityPolicy(exit_rule)
 
 
 SCALES = (
@@ -43,6 +45,15 @@ SCALES = (
     Scale("16 models, 1000 tasks, per-request deadlines", 16, 1000, mixed_budgets=True),
     Scale("paper scale, edgeserve 'safe' exit rule", 3, 30, exit_rule="safe"),
     Scale("16 models, 1000 tasks, 'safe' exit rule", 16, 1000, exit_rule="safe"),
+    Scale(f"paper scale, default policy ({DEFAULT_POLICY})", 3, 30, policy=DEFAULT_POLICY),
+    Scale(f"16 x 1000, default policy ({DEFAULT_POLICY})", 16, 1000, policy=DEFAULT_POLICY),
+    Scale(
+        "16 x 1000, default policy, per-request deadlines",
+        16,
+        1000,
+        mixed_budgets=True,
+        policy=DEFAULT_POLICY,
+    ),
 )
 
 
@@ -71,8 +82,12 @@ def random_state(rng: np.random.Generator, scale: Scale, now: float) -> list[Tas
 def measure(scale: Scale, states: int, repeat: int, seed: int = 0) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     latency = latency_model(scale.models)
-    fast = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="fast")
-    loop = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="loop")
+    if scale.policy:  # the same policy, its stability scores from the fast path or the loop
+        fast = make_policy(scale.policy, latency, PolicyOptions(scorer="fast"))
+        loop = make_policy(scale.policy, latency, PolicyOptions(scorer="loop"))
+    else:
+        fast = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="fast")
+        loop = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="loop")
     fast_us, loop_us = [], []
     now = 1000.0
     for _ in range(states):

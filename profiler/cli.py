@@ -19,7 +19,7 @@ from edgeserve.config.server import BACKEND_NAMES, PRECISIONS
 from edgeserve.errors import DEBUG_ENV, ProfileError, RepositoryError, guarded, require_module
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
-from edgeserve.profile import QUANTILES, ProfileTable
+from edgeserve.profile import QUANTILES, ProfileCell, ProfileTable
 from edgeserve.profiler.evaluate import (
     EvalData,
     check_fits,
@@ -151,6 +151,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="measure even if a matching profile exists")
     parser.add_argument(
+        "--write-calibrated",
+        action="store_true",
+        help="measure nothing: fold the calibrated latency tables a server left in "
+        "<repository>/<model>/calibrated/ (online calibration, docs/scheduler.md) into the stored "
+        "profiles of the same device fingerprint (each cell's samples rescaled)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print a machine-readable summary instead of tables"
     )
     parser.set_defaults(func=profile_command)
@@ -251,6 +258,8 @@ def profile_command(args: argparse.Namespace) -> int:
             "or point --repository at the right folder"
         )
     names = list(dict.fromkeys(args.model or repository.models()))
+    if getattr(args, "write_calibrated", False):
+        return write_calibrated(repository, names)
     if not names:
         raise RepositoryError(
             f"{repository.root}: no models in this repository; export one with "
@@ -317,6 +326,41 @@ def profile_command(args: argparse.Namespace) -> int:
         print(json.dumps(_summary(results, fingerprint, args, plot_path), indent=1))
     else:
         _print_report(results, args, plot_path)
+    return 0
+
+
+def write_calibrated(repository: ModelRepository, names: list[str]) -> int:
+    """Rescale each stored profile's cells to what the server measured (its calibrated/ tables)."""
+    from edgeserve.runtime.calibration_store import load_calibrated
+
+    written = 0
+    for name in names:
+        for path in sorted((repository.model_dir(name) / "calibrated").glob("*.json")):
+            data = load_calibrated(path)
+            profile_path = repository.model_dir(name) / "profiles" / f"{data['fingerprint_key']}.json"
+            if not profile_path.exists():
+                _note(f"{path}: no stored profile {profile_path.name} for it; skipped")
+                continue
+            table = ProfileTable.load(profile_path)
+            exits = [table.exit_names.index(e) for e in data["exit_names"]]
+            changed = 0
+            for row, exit_id in zip(data["latency_ms"], exits, strict=True):
+                for b, (new, old) in enumerate(
+                    zip(row, data["profile_ms"][exits.index(exit_id)], strict=False)
+                ):
+                    cell = table.cells.get((exit_id, b + 1))
+                    if cell is None or abs(new / old - 1.0) < 1e-6:
+                        continue
+                    table.add(
+                        ProfileCell.from_samples(exit_id, b + 1, [s * new / old for s in cell.samples_ms])
+                    )
+                    changed += 1
+            table.settings = {**table.settings, "calibrated": {"from": path.name, "scale": data["scale"]}}
+            table.save(profile_path)
+            written += 1
+            print(f"{name}: {changed} cells rescaled (model at {data['scale']:.2f}x) -> {profile_path}")
+    if not written:
+        print("no calibrated tables found (a server writes them on shutdown with [scheduler] calibration on)")
     return 0
 
 

@@ -140,6 +140,8 @@ class SchedulerConfig:
     urgency_clip: float = 10.0
     late_tasks: str = "serve"
     admission: str = "deadline"
+    # Learn each profile cell's latency from the batches run and schedule with it (docs/scheduler.md).
+    calibration: bool = True
 
 
 @dataclass(frozen=True)
@@ -417,7 +419,16 @@ def _scheduler(data: Any) -> SchedulerConfig:
     from edgeserve.scheduler.urgency import URGENCY_FORMS
 
     data = table(data, "scheduler")
-    allowed = ("policy", "quantile", "max_batch", "urgency", "urgency_clip", "late_tasks", "admission")
+    allowed = (
+        "policy",
+        "quantile",
+        "max_batch",
+        "urgency",
+        "urgency_clip",
+        "late_tasks",
+        "admission",
+        "calibration",
+    )
     no_unknown(data, allowed, "scheduler")
     policy = data.get("policy", "")
     if policy:
@@ -426,6 +437,9 @@ def _scheduler(data: Any) -> SchedulerConfig:
     clip = data.get("urgency_clip", 10.0)
     if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0):
         raise ConfigError(f"scheduler.urgency_clip: must be a positive number, got {clip!r}")
+    calibration = data.get("calibration", True)
+    if not isinstance(calibration, bool):
+        raise ConfigError(f"scheduler.calibration: must be true or false, got {calibration!r}")
     return SchedulerConfig(
         policy=str(policy),
         quantile=choice(data.get("quantile", "p95"), "scheduler.quantile", QUANTILES),
@@ -434,6 +448,7 @@ def _scheduler(data: Any) -> SchedulerConfig:
         urgency_clip=float(clip),
         late_tasks=choice(data.get("late_tasks", "serve"), "scheduler.late_tasks", LATE_MODES),
         admission=choice(data.get("admission", "deadline"), "scheduler.admission", ADMISSION_MODES),
+        calibration=calibration,
     )
 
 

@@ -199,7 +199,38 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         "Decisions the configured policy raised on (the fallback policy decided instead)",
     )
     failures.add(int(snapshot.get("policy_failures", 0)))
-    return [requests, violations, cancelled, batches, depth, exits, served, busy, utilisation, failures]
+    return [
+        requests,
+        violations,
+        cancelled,
+        batches,
+        depth,
+        exits,
+        served,
+        busy,
+        utilisation,
+        failures,
+        *_latency_cells(snapshot.get("latency_cells", ())),
+    ]
+
+
+def _latency_cells(cells: Sequence[Mapping[str, Any]]) -> list[Family]:
+    """Online calibration (docs/scheduler.md): what the scheduler predicts per cell and what ran."""
+    predicted = Family(
+        "edgeserve_latency_predicted_seconds",
+        "gauge",
+        "Batch latency the scheduler uses per (model, exit, batch): the profile quantile, calibrated online",
+    )
+    observed = Family(
+        "edgeserve_latency_observed_seconds",
+        "gauge",
+        "Latency of the last batch run per (model, exit, batch)",
+    )
+    for c in cells:
+        labels = {"model": c["model"], "exit": c["exit"], "batch": str(c["batch"])}
+        predicted.add(float(c["predicted_s"]), **labels)
+        observed.add(float(c["observed_s"]), **labels)
+    return [predicted, observed] if cells else []
 
 
 def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:

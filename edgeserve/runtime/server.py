@@ -27,6 +27,8 @@ from edgeserve.manifest import Manifest
 from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.base import Backend
+from edgeserve.runtime.calibration import LatencyCalibrator
+from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
 from edgeserve.runtime.executor import BatchRun, Executor, Job
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
@@ -148,6 +150,7 @@ class Server:
         # next batch itself as one ends (`_follow`): every change to them holds this lock
         # (reentrant: a failing policy answers the queued requests while the loop holds it).
         self._lock = threading.RLock()
+        self._calibration: LatencyCalibrator | None = None  # online latency calibration
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -170,6 +173,7 @@ class Server:
         try:
             backend = await executor.open()
             fingerprint = await executor.call(backend.fingerprint)
+            self._fingerprint_key = fingerprint.key()  # names the calibrated tables
             tables = [repository.load_profile(m, fingerprint) for m in self._manifests]
             self._use(*_scheduling(tables, config.scheduler))
             for manifest in self._manifests:
@@ -218,6 +222,10 @@ class Server:
             await self._executor.close()  # waits for a running batch on the executor thread
         if self._offload is not None:  # its in-flight tasks were answered `shutdown` just above
             await self._offload.close()
+        if self._calibration is not None and self._calibration.updates:  # keep what it learned
+            data, repo = self._calibration.calibrated(), Path(self.config.repository)
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(save_calibrated, repo, self._fingerprint_key, data)
 
     async def reload(self, config: ServerConfig | Mapping[str, Any] | str | Path) -> list[str]:
         """Apply a new config without dropping a request; returns the changed key paths.
@@ -264,6 +272,8 @@ class Server:
         with self._lock:
             self._latency, self._policy, self._fallback = latency, policy, fallback
             self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+            # Online calibration: updates `latency` in place from the batch times observed.
+            self._calibration = LatencyCalibrator(latency) if self.config.scheduler.calibration else None
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -289,6 +299,7 @@ class Server:
         """The counters as plain dicts (call on the loop thread)."""
         snapshot = self.counters.snapshot()
         snapshot["upstreams"] = {} if self._offload is None else self._offload.snapshot(time.monotonic())
+        snapshot["latency_cells"] = [] if self._calibration is None else self._calibration.cells()
         return snapshot
 
     async def infer(
@@ -709,6 +720,12 @@ class Server:
             self.counters.busy_s += run.end - run.start
             self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))
         self.counters.batches[name] += 1
+        if self._calibration is not None and run.error is None and not math.isnan(run.start):
+            with self._lock:  # it may update the latency table the executor thread's policy reads
+                lines = self._calibration.observe(m, exit, len(tasks), run.end - run.start, run.end)
+                self._shallowest_s[m] = self.latency_model.models[m].latency(0, 1)
+            for line in lines:
+                _log.warning(line)
         self._decide()
         logits = run.logits
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"

@@ -25,6 +25,9 @@ class ModelLatency:
     exit_ids: tuple[int, ...]
     max_batch: int
     seconds: np.ndarray
+    # The profile's median per cell (seconds, same shape), when known: online calibration compares
+    # observed batch times with it (a median of few samples is steadier than their p95).
+    typical: np.ndarray | None = field(default=None, repr=False, compare=False)
     # by_batch[b-1][exit_pos]: the same numbers as Python floats, for per-call scalar lookups.
     by_batch: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
 
@@ -37,6 +40,16 @@ class ModelLatency:
 
     def latency(self, exit_pos: int, batch: int) -> float:
         return self.by_batch[batch - 1][exit_pos]
+
+    def _set_seconds(self, seconds: np.ndarray) -> None:
+        """Replace the table in place (LatencyModel.set_seconds is the only caller)."""
+        seconds = np.ascontiguousarray(seconds, dtype=np.float64)
+        if seconds.shape != self.seconds.shape:
+            raise ValueError(f"{self.name}: latency array {seconds.shape} != {self.seconds.shape}")
+        if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
+            raise ValueError(f"{self.name}: latencies must be finite and positive")
+        object.__setattr__(self, "seconds", seconds)
+        object.__setattr__(self, "by_batch", tuple(tuple(col) for col in seconds.T.tolist()))
 
     def deepest_feasible(self, batch: int, slack: float) -> int:
         """Position of the deepest exit that finishes within `slack` seconds, else 0 (Eq. 6)."""
@@ -75,6 +88,16 @@ class LatencyModel:
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.models)
 
+    def set_seconds(self, model: int, seconds: np.ndarray) -> None:
+        """Replace model `model`'s [exit, batch-1] table in place: online calibration's one mutation.
+
+        Policies hold this object and read it at every decision, so the next decision uses the
+        new numbers without rebuilding anything. Call it between decisions (on the event loop).
+        """
+        m = self.models[model]
+        m._set_seconds(seconds)
+        self.padded[model, : len(m.exit_ids), : m.max_batch] = m.seconds
+
     def __len__(self) -> int:
         return len(self.models)
 
@@ -107,6 +130,7 @@ class LatencyModel:
                     f"its exits are {list(table.exit_names)}"
                 )
             matrix = table.matrix(quantile)[keep, :batch] / 1000.0
+            typical = table.matrix("p50")[keep, :batch] / 1000.0
             models.append(
                 ModelLatency(
                     name=name,
@@ -114,6 +138,7 @@ class LatencyModel:
                     exit_ids=tuple(keep),
                     max_batch=batch,
                     seconds=np.ascontiguousarray(matrix),
+                    typical=np.ascontiguousarray(typical),
                 )
             )
         return cls(models=tuple(models), quantile=quantile)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from edgeserve.scheduler.baselines import QueueOrderPolicy, SymphonyPolicy
 from edgeserve.scheduler.decision import Policy
+from edgeserve.scheduler.guarded import GuardedStabilityPolicy
 from edgeserve.scheduler.latency import LatencyModel
 from edgeserve.scheduler.stability import StabilityPolicy
 from edgeserve.scheduler.urgency import Urgency
@@ -85,11 +86,19 @@ def _specs() -> dict[str, PolicySpec]:
             ),
         ),
         PolicySpec(
-            "stability-safe",
+            "stability-safe-exit",
             "Ours+safe-exit (edgeserve)",
             "stability score over the queues whose deepest feasible exit leaves every other still-rescuable "
-            "queue time for its shallowest exit (protective exits if there are none)",
-            lambda lat, o: StabilityPolicy(lat, o.urgency, "safe", None, o.scorer, "stability-safe"),
+            "queue time for its shallowest exit (protective exits if there are none); the default before "
+            "the look-ahead guard",
+            lambda lat, o: StabilityPolicy(lat, o.urgency, "safe", None, o.scorer, "stability-safe-exit"),
+        ),
+        PolicySpec(
+            "stability-safe",
+            "Ours+safe-exit+guard (edgeserve)",
+            "stability-safe-exit, overridden when an optimistic earliest-deadline look-ahead shows another "
+            "first move (queue, exit) would save more queued tasks",
+            lambda lat, o: GuardedStabilityPolicy(lat, o.urgency, o.scorer, "stability-safe"),
         ),
         PolicySpec(
             "symphony",
@@ -102,8 +111,8 @@ def _specs() -> dict[str, PolicySpec]:
 
 
 POLICIES: dict[str, PolicySpec] = _specs()
-# What a runtime should use unless configured otherwise: the improvement won on every sweep of
-# docs/scheduler.md (fewer violations at the paper policy's accuracy, Poisson and bursty).
+# What a runtime should use unless configured otherwise: no shipped policy beats it clearly on the
+# robustness matrix of docs/scheduler.md (benchmarks/policy_robustness.py).
 DEFAULT_POLICY = "stability-safe"
 
 

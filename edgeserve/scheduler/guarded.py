@@ -1,0 +1,164 @@
+"""edgeserve's default: the stability score, checked by a one-pass look-ahead over every queue.
+
+Why: the paper's score (and the "safe" exit rule) judge a candidate by the urgency it leaves
+behind, one step ahead. On skewed mixes (one deep, busy model beside light ones), under spikes and
+with tight SLOs that is not enough: serving the long queue lowers the score most, yet leaves the
+short queues' heads with less time than even their shallowest exit needs, and they are lost. EDF
+does not make that mistake (it serves the tightest head first) but gives up accuracy and throughput
+when nothing is at stake.
+
+The guard keeps the stability pick unless it provably costs a task that another choice would save:
+
+1. The stability-safe candidates (candidates.choose_exits, rule "safe") and their scores.
+2. For a candidate (queue c at exit e): the *optimistic continuation* serves c's batch first
+   (taking L(c, e, b_c)), then every other queued batch (each queue cut into batches of B_max, in
+   FIFO order) in earliest-deadline order at its shallowest exit. `doomed` counts the tasks that
+   finish after their deadline even so: they are lost whatever comes next, unless another first
+   move is chosen. No arrivals are assumed: it is a lower bound on what this move costs.
+3. The stability-safe pick is kept when its `doomed` equals the least over every queue (each
+   queue tried at its safe exit, then shallower exits, keeping the deepest exit that reaches its
+   queue's least count). Otherwise the queue with the fewest doomed tasks is served (ties: the
+   stability score), at the deepest exit that reaches that count.
+
+Light load: nothing is doomed, the pick is stability-safe's, with its accuracy. Overload: the
+move that keeps the most tasks savable, as EDF would, at the deepest exit that allows it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from edgeserve.scheduler.candidates import Candidate, pick_min
+from edgeserve.scheduler.decision import Dispatch
+from edgeserve.scheduler.latency import LatencyModel
+from edgeserve.scheduler.queues import TaskQueue
+from edgeserve.scheduler.stability import StabilityPolicy
+from edgeserve.scheduler.urgency import Urgency
+
+# Batches per queue the look-ahead considers (the earliest deadlines); bounds the cost at
+# 16 models x 1000 tasks, where later batches are far from their deadlines anyway.
+LOOKAHEAD_BATCHES = 4
+
+# One queued batch of the continuation: (deadline of its tightest task, queue index, position in
+# that queue's list of batches, its shallowest-exit latency, its sorted deadlines). Tuples sort
+# by deadline, then queue: the continuation's earliest-deadline order with the usual tie-break.
+_Chunk = tuple[float, int, int, float, list[float]]
+
+
+def queue_chunks(queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: int | None) -> list[_Chunk]:
+    """Every queue's first LOOKAHEAD_BATCHES batches (FIFO, B_max each), sorted by tightest deadline."""
+    chunks: list[_Chunk] = []
+    for q, queue in enumerate(queues):
+        n = len(queue)
+        if not n:
+            continue
+        model = latency.models[q]
+        size = min(model.max_batch, batch_cap or model.max_batch)
+        deadlines = queue.deadlines[: size * LOOKAHEAD_BATCHES].tolist()
+        uniform = queue.uniform_budget is not None  # FIFO by age, one budget: already sorted
+        by_batch = model.by_batch
+        for j, start in enumerate(range(0, len(deadlines), size)):
+            part = deadlines[start : start + size]
+            if not uniform:
+                part.sort()
+            chunks.append((part[0], q, j, by_batch[len(part) - 1][0], part))
+    chunks.sort()
+    return chunks
+
+
+def doomed(chunks: list[_Chunk], first_queue: int, first_delta: float, now: float) -> int:
+    """Tasks late in the optimistic continuation after serving `first_queue`'s head batch first."""
+    t = now + first_delta
+    late = 0
+    for deadline, q, j, shallow, part in chunks:
+        if j == 0 and q == first_queue:
+            late += bisect_left(part, now + first_delta)  # its own batch ends at now + first_delta
+            continue
+        t += shallow
+        if deadline < t:
+            late += bisect_left(part, t)
+    return late
+
+
+def unavoidable(chunks: list[_Chunk], now: float) -> int:
+    """Tasks late whatever is served first: even their own batch first, at its shallowest exit."""
+    return sum(
+        bisect_left(part, now + shallow)
+        for deadline, _, _, shallow, part in chunks
+        if deadline < now + shallow
+    )
+
+
+class GuardedStabilityPolicy:
+    """Stability-safe, overridden only where its pick dooms tasks another first move would save."""
+
+    def __init__(
+        self,
+        latency: LatencyModel,
+        urgency: Urgency | None = None,
+        scorer: str = "fast",
+        name: str = "stability-safe",
+        batch_cap: int | None = None,
+    ) -> None:
+        self.latency = latency
+        self.name = name
+        self.batch_cap = batch_cap
+        self._inner = StabilityPolicy(latency, urgency, "safe", batch_cap, scorer, name)
+
+    @property
+    def urgency(self) -> Urgency:
+        return self._inner.urgency
+
+    def decide(self, queues: Sequence[TaskQueue], now: float) -> Dispatch | None:
+        candidates = self._inner.candidates(queues, now)
+        if not candidates:
+            return None
+        pool = [c for c in candidates if c.eligible]
+        pick = pool[pick_min([c.score for c in pool])]
+        if len(candidates) > 1:
+            pick = self._guard(queues, now, candidates, pick)
+        model = self.latency.models[pick.model]
+        return Dispatch(
+            model=pick.model,
+            exit=model.exit_ids[pick.exit_pos],
+            batch=pick.batch,
+            predicted_s=pick.delta_s,
+            score=pick.score,
+        )
+
+    def _guard(
+        self, queues: Sequence[TaskQueue], now: float, candidates: list[Candidate], pick: Candidate
+    ) -> Candidate:
+        chunks = queue_chunks(queues, self.latency, self.batch_cap)
+        lost = doomed(chunks, pick.model, pick.delta_s, now)
+        if not lost or lost <= unavoidable(chunks, now):
+            return pick  # nothing is lost that any other move would save (below saturation: nothing)
+        # Each queue's best case (its batch at the shallowest exit); nobody beats the pick: keep it.
+        columns = [self.latency.models[c.model].by_batch[c.batch - 1] for c in candidates]
+        floor = [doomed(chunks, c.model, col[0], now) for c, col in zip(candidates, columns, strict=True)]
+        if min(floor) >= lost:
+            return pick
+        best: tuple[int, float, int] | None = None  # (doomed, score, index into options)
+        options: list[Candidate] = []
+        for c, column, at_shallowest in zip(candidates, columns, floor, strict=True):
+            if at_shallowest >= lost:
+                continue  # cannot save more than the pick
+            exit_pos = c.exit_pos
+            count = lost if c is pick else doomed(chunks, c.model, c.delta_s, now)
+            while count > at_shallowest and exit_pos > 0:  # shallower until it saves what it can
+                exit_pos -= 1
+                count = doomed(chunks, c.model, column[exit_pos], now)
+            option = (
+                c
+                if exit_pos == c.exit_pos
+                else Candidate(c.model, exit_pos, c.batch, column[exit_pos], c.score, c.eligible)
+            )
+            key = (count, c.score if math.isfinite(c.score) else math.inf, len(options))
+            options.append(option)
+            if best is None or key < best:
+                best = key
+        assert best is not None  # some floor is below `lost`
+        # Keep the stability pick unless another move saves strictly more tasks.
+        return pick if best[0] >= lost else options[best[2]]
