@@ -9,6 +9,7 @@ scheduler's time per decision.
 
     .venv/bin/python benchmarks/runtime_vs_simulator.py                 # ~1.5 min
     .venv/bin/python benchmarks/runtime_vs_simulator.py --loads 0.5 1.0 --duration 5
+    .venv/bin/python benchmarks/runtime_vs_simulator.py --json out/runtime_vs_simulator.json
 
 Accuracy is the EdgeServing authors' per-exit CIFAR-100 table (these manifests carry no measured
 accuracy), applied to the exit each finished request used, for runtime and simulator alike.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -146,6 +148,26 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: Path, rows: list[Row]) -> None:
+    """One object per load: runtime and simulated P95 and violation ratio, and their differences."""
+    out = []
+    for runtime, simulated in zip(rows[0::2], rows[1::2], strict=True):
+        out.append(
+            {
+                "load": runtime.load,
+                "runtime_p95_ms": runtime.p95_ms,
+                "simulator_p95_ms": simulated.p95_ms,
+                "p95_ratio": runtime.p95_ms / simulated.p95_ms if simulated.p95_ms else None,
+                "runtime_violation": runtime.violation,
+                "simulator_violation": simulated.violation,
+                "violation_points": 100 * (runtime.violation - simulated.violation),
+                "runtime_decision_us_mean_p99": list(runtime.decision_us),
+            }
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
 async def overhead(root: Path, inputs: list[np.ndarray], n: int) -> dict[str, float]:
     """One request at a time (no queueing): where the time goes besides the backend."""
     async with Server(config(root, 1000.0, "serve")) as server:
@@ -180,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-ms", type=float, default=50.0)
     parser.add_argument("--late-tasks", choices=("serve", "expire"), default="serve")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write one row per load (runtime vs simulator) here")
     args = parser.parse_args(argv)
     root = args.repository.resolve()
     try:
@@ -214,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(format_rows(rows[-2:]).splitlines()[-2:]), flush=True)
     print()
     print(format_rows(rows))
+    if args.json is not None:
+        write_json(args.json, rows)
+        print(f"wrote {args.json}")
     o = run(overhead(root, inputs, 300))
     print(
         "\nserving overhead at low load (one request at a time, 300 requests):\n"
