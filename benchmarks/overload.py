@@ -395,6 +395,8 @@ def write_config(
     lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
     scheduler = {"late_tasks": args.late_tasks, "admission": admission}
     lines += ["[scheduler]", *(f'{k} = "{v}"' for k, v in scheduler.items() if v)]
+    if args.no_calibration:
+        lines += ["calibration = false"]
     for model, slo_ms in slos.items():
         lines += [f"[models.{json.dumps(model)}]", f"slo_ms = {slo_ms}"]
     path.write_text("\n".join(lines) + "\n")
@@ -423,6 +425,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between levels")
     parser.add_argument("--grace", type=float, default=2.0, help="drain: wait this long for answers")
     parser.add_argument("--no-fairness", action="store_true", help="skip the flood-vs-polite case")
+    parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--repository", type=Path, default=Path("engines"))
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--plot", type=Path, help="goodput vs offered load to this PNG (matplotlib)")
