@@ -26,6 +26,16 @@ from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 MAX_BATCH = 4
 
 
+def export_digits(repository: ModelRepository, model: str = "digits-s") -> Manifest:
+    """A digits model exported for real (torch, checked at batch 1) into `repository`."""
+    from edgeserve.export.models import ModelRequest, build_model
+    from edgeserve.export.onnx_export import export_model
+
+    request = ModelRequest(model=model)
+    module = build_model(request).module
+    return export_model(module, model, repository, verify_batches=(1,), source_info=request.spec(), log=None)
+
+
 def profiled_tiny_repository(root: Path) -> dict[str, TinyModel]:
     """The two tiny models, each with a (short) profile for this machine at threads=1."""
     models = write_tiny_repository(root)

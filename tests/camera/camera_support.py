@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from runtime_support import export_digits
 
 from edgeserve.repository import ModelRepository
 
@@ -193,21 +194,11 @@ class TcpStreamServer:
 
 def export_digits_s(root: Path) -> Path:
     """digits-s exported for real into `root`, with a short profile for this machine (threads=1)."""
-    from edgeserve.export.models import ModelRequest, build_model
-    from edgeserve.export.onnx_export import export_model
     from edgeserve.profiler.measure import MeasureSettings, measure_model
     from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     repository = ModelRepository(root)
-    request = ModelRequest(model="digits-s")
-    manifest = export_model(
-        build_model(request).module,
-        "digits-s",
-        repository,
-        verify_batches=(1,),
-        source_info=request.spec(),
-        log=None,
-    )
+    manifest = export_digits(repository)
     backend = OnnxRuntimeBackend(repository, threads=1, warmup=0)
     backend.load(manifest)
     repository.save_profile(

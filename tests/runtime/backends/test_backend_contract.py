@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime_support import export_digits
 from tiny_onnx import write_tiny_repository
 
 from edgeserve.errors import BackendUnavailableError, InputError
@@ -71,19 +72,8 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def exported_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """digits-s exported for real, as in test_torch_backend.py: the torch backend needs its source."""
-    from edgeserve.export.models import ModelRequest, build_model
-    from edgeserve.export.onnx_export import export_model
-
     repository = ModelRepository(tmp_path_factory.mktemp("contract-digits") / "engines")
-    request = ModelRequest(model="digits-s")
-    export_model(
-        build_model(request).module,
-        "digits-s",
-        repository,
-        verify_batches=(1,),
-        source_info=request.spec(),
-        log=None,
-    )
+    export_digits(repository)
     return repository.root
 
 

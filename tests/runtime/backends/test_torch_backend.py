@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from runtime_support import export_digits
 
 from edgeserve.errors import BackendUnavailableError, InputError, RepositoryError
 from edgeserve.manifest import Manifest
@@ -23,15 +24,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def digits_repository(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    from edgeserve.export.models import ModelRequest, build_model
-    from edgeserve.export.onnx_export import export_model
-
     repository = ModelRepository(tmp_path_factory.mktemp("engines"))
-    request = ModelRequest(model="digits-s")
-    built = build_model(request)
-    export_model(
-        built.module, "digits-s", repository, verify_batches=(1,), source_info=request.spec(), log=None
-    )
+    export_digits(repository)
     return repository
 
 
