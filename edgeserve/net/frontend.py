@@ -6,12 +6,14 @@ so the server never buffers without bound) and resumes when it drains. Requests 
 `max_in_flight` on one connection are answered `rejected` at once ("too many requests in
 flight"), so a pipelining client learns the limit instead of stalling.
 
-Overload (docs/runtime.md, "The path under overload"): a refusal must cost far less than a served request, or
-the more a client over-sends the less is served. So a request over the window is refused from
-its id alone (its tensor is never decoded or checked), at most FRAMES_PER_TURN frames are handled
+Overload (docs/runtime.md, "The path under overload"): a refusal must cost far less than a served
+request, or the more a client over-sends the less is served. So a request over the window is
+refused from its id alone (its tensor is never decoded or checked), the common request is parsed
+by wire.frames.fast_infer, at most FRAMES_PER_TURN frames are handled
 before the loop gets to run its other callbacks (a finished batch's hand-off among them), and the
-answers of one loop turn leave in one write. An accepted request costs no task: the Server's
-future answers it from a done-callback.
+answers of one loop turn leave in one write. An accepted request costs no task and no future: the
+Server calls the connection back with its Result (Server.enqueue), and a fixed refusal is written
+from a cached frame.
 
 Every accepted request gets exactly one answer; if the client has gone, the answer is dropped
 and counted in FrontendStats.discarded. A frame over max_frame_bytes or an unreadable frame
@@ -514,8 +516,8 @@ class Connection(asyncio.Protocol):
             self._on_request(request)
 
     def _check(self, message: dict[str, Any]) -> InferRequest | None:
-        """The infer request to serve, or None when the message was handled here (a hello, a
-        refusal over the window); ProtocolError for a bad message."""
+        """The infer request to serve, or None when the message was handled here (a hello);
+        ProtocolError for a bad message. (A request over the window never gets here: _on_frame.)"""
         kind = message_type(message)
         if not self._greeted:
             if kind != "hello":
@@ -524,9 +526,6 @@ class Connection(asyncio.Protocol):
             return None
         if kind == "hello":
             raise ProtocolError("hello was already sent on this connection", id_of(message))
-        if self._in_flight >= self.frontend.listen.max_in_flight and id_of(message) is not None:
-            self._refuse_over_window(message)  # cheap: the tensor is never decoded
-            return None
         return parse_infer(message)
 
     def _on_hello(self, message: dict[str, Any]) -> None:
@@ -581,9 +580,6 @@ class Connection(asyncio.Protocol):
         """A request that passed fast_infer: straight to the Server, its answer to `_on_answer`."""
         frontend = self.frontend
         frontend.stats.requests += 1
-        if self._in_flight >= frontend.listen.max_in_flight:
-            self._reply_now(request_id, Status.REJECTED, TOO_MANY_IN_FLIGHT, priority, model)
-            return
         self._in_flight += 1
         frontend.in_flight += 1
         reply = functools.partial(self._on_answer, request_id, priority)
@@ -595,9 +591,6 @@ class Connection(asyncio.Protocol):
     def _on_request(self, request: InferRequest) -> None:
         frontend = self.frontend
         frontend.stats.requests += 1
-        if self._in_flight >= frontend.listen.max_in_flight:
-            self._reply_now(request.id, Status.REJECTED, TOO_MANY_IN_FLIGHT, request.priority, request.model)
-            return
         self._in_flight += 1
         frontend.in_flight += 1
         reply = functools.partial(self._on_answer, request.id, request.priority)

@@ -1,10 +1,12 @@
 """The serving core: an asyncio loop owns one FIFO queue per model and runs the scheduler.
 
-Requests are checked and queued on the loop. Whenever the executor frees up, or a request
-arrives while it is idle, the policy decides: drops are answered `expired`, a Dispatch pops a
-batch and hands it to the executor thread (one batch at a time), a Wait sets one wake-up timer
-(replaced on the next arrival). Results come back to the loop and resolve each request's
-future, so every request gets exactly one Result.
+Requests are checked and queued on the loop. When the executor is idle and a request arrives, the
+loop asks the policy: drops are answered `expired`, a Dispatch pops a batch and hands it to the
+executor thread (one batch at a time), a Wait sets one wake-up timer (replaced on the next
+arrival). As a batch ends the executor thread asks the same policy for the next one itself
+(`_follow`, under the lock the queues share), so the executor never waits for a busy loop; the
+finished batch goes back to the loop, which answers each request through its front's `reply`
+callback, so every request gets exactly one Result.
 """
 
 from __future__ import annotations
