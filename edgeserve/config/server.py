@@ -40,7 +40,9 @@ LATE_MODES = ("serve", "expire")
 ADMISSION_MODES = ("all", "deadline")
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_IN_FLIGHT = 64
+# Small on purpose: under overload each admitted request waits behind the others in flight, and
+# with 8 a connection's burst stays within a deadline (benchmarks/overload.py, docs/runtime.md).
+DEFAULT_MAX_IN_FLIGHT = 8
 DEFAULT_MAX_CONNECTIONS = 256  # socket-protocol connections, all listeners together
 DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 192  # a flood on one listener leaves 64 slots to the others
 DEFAULT_MAX_HELLO_BYTES = 4096  # the largest frame accepted before the hello (a hello is tiny)

@@ -55,7 +55,7 @@ def test_serve_subprocess_answers_in_flight_requests_on_sigterm_and_removes_its_
     models = profiled_tiny_repository(repository)
     sock = tmp_path / "serve.sock"
     config = tmp_path / "serve.toml"
-    _write_config(config, repository, sock)
+    _write_config(config, repository, sock, "max_in_flight = 64\n")  # the whole burst is read
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "edgeserve.cli", "serve", "--config", str(config)],

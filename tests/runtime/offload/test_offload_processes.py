@@ -63,6 +63,7 @@ slo_ms = {SLO_MS}
 max_queue = 512
 [listen]
 tcp = "127.0.0.1:0"
+max_in_flight = 512  # the whole overload reaches the server (the client keeps to the window)
 """
     if metrics_port is not None:
         text += f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n'
