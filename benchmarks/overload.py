@@ -197,6 +197,7 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
         ]
         rng = np.random.default_rng(spec["seed"] + i)
         rate, window = spec["conns"][i].get("rate", 0.0), spec["conns"][i].get("window", 0)
+        window = min(window, hello.get("max_in_flight") or window)  # the closed loop keeps to the window
         n = int(rate * seconds + 6 * math.sqrt(rate * seconds) + 10) if rate else 0  # >= the arrivals
         times = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else np.zeros(0)
         times = times[times < seconds].tolist()
@@ -466,8 +467,9 @@ def sweep(
             "understates the capacity: try a smaller --window, or --capacity"
         )
     split = split_rate(base["models"], default_ratios(len(base["models"])), capacity)
+    window = min(args.window, cap["max_in_flight"] or args.window)
     print(
-        f"capacity (closed loop, {len(targets)} connections x {args.window} in flight, {cap['seconds']:.1f} "
+        f"capacity (closed loop, {len(targets)} connections x {window} in flight, {cap['seconds']:.1f} "
         f"s): {measured:.0f} ok/s{f'; using --capacity {capacity:.0f}' if args.capacity else ''} = "
         f"{', '.join(f'{m} {r:.0f}/s' for m, r in split.items())}; the server allows "
         f"{cap['max_in_flight']} in flight per connection\n{HEAD}"
