@@ -101,7 +101,7 @@ def build_model(root: Path, stages: list[tuple[int, str | None]]) -> LatencyMode
         last = k == len(stages) - 1
         onnx.save(_stage(k, cin, cout, head, last, rng), str(model_dir / rel))
         specs.append(
-            StageSpec(
+            StageSpec.chain(
                 index=k,
                 path=rel,
                 sha256=sha256_file(model_dir / rel),
@@ -116,10 +116,10 @@ def build_model(root: Path, stages: list[tuple[int, str | None]]) -> LatencyMode
         cin = cout
     manifest = Manifest(
         MODEL,
-        TensorSpec("x", INPUT),
-        CLASSES,
+        (TensorSpec("x", INPUT),),
         tuple(specs),
         tuple(exits),
+        num_classes=CLASSES,
         source={"builder": "benchmarks/offload.py"},
     )
     repository.save_manifest(manifest)

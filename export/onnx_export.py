@@ -130,7 +130,7 @@ def export_model(
     )
     manifest = Manifest(
         name=name,
-        input=TensorSpec("x", tuple(model.input_shape)),
+        inputs=(TensorSpec("x", tuple(model.input_shape)),),
         num_classes=model.num_classes,
         stages=tuple(_stage_spec(k, s, p) for k, (s, p) in enumerate(zip(shapes, final_paths, strict=True))),
         exits=exits,
@@ -142,7 +142,7 @@ def export_model(
 
 
 def _stage_spec(index: int, shapes: _StageShapes, path: Path) -> StageSpec:
-    return StageSpec(
+    return StageSpec.chain(
         index=index,
         path=f"{ONNX_DIR}/{path.name}",
         sha256=sha256_file(path),

@@ -79,7 +79,7 @@ def write_mlp_model(
         rel = f"onnx/stage{k}.onnx"
         onnx.save(_gemm_stage(k, fan_in, hidden, classes, rng), str(model_dir / rel))
         stages.append(
-            StageSpec(
+            StageSpec.chain(
                 index=k,
                 path=rel,
                 sha256=sha256_file(model_dir / rel),
@@ -91,7 +91,7 @@ def write_mlp_model(
         )
     manifest = Manifest(
         name=name,
-        input=TensorSpec("x", (features,)),
+        inputs=(TensorSpec("x", (features,)),),
         num_classes=classes,
         stages=tuple(stages),
         exits=(ExitSpec("early", 0), ExitSpec("final", 1)),

@@ -147,7 +147,7 @@ def write_tiny_model(
         height, width = (height - 1) // stage.stride + 1, (width - 1) // stage.stride + 1
         channels = stage.channels
         specs.append(
-            StageSpec(
+            StageSpec.chain(
                 index=k,
                 path=rel,
                 sha256=sha256_file(path),
@@ -162,7 +162,7 @@ def write_tiny_model(
         weights.append(stage_weights)
     manifest = Manifest(
         name=name,
-        input=TensorSpec("x", tuple(input_shape)),
+        inputs=(TensorSpec("x", tuple(input_shape)),),
         num_classes=num_classes,
         stages=tuple(specs),
         exits=tuple(exits),

@@ -78,7 +78,7 @@ def test_a_user_module_exports_through_the_cli(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "repo" / "tiny" / "manifest.json").read_text())
     assert manifest["source"]["model_factory"] == "my_models:build"
-    assert manifest["input"]["shape"] == [4]
+    assert manifest["inputs"][0]["shape"] == [4]
 
 
 def test_unknown_model_fails_fast_listing_the_known_names(capsys) -> None:

@@ -71,7 +71,7 @@ def test_exit_subsets_slos_mixes_and_bursty_traffic_are_swept(tmp_path: Path) ->
 
 def _manifest(name: str) -> Manifest:
     stages = tuple(
-        StageSpec(
+        StageSpec.chain(
             index=k,
             path=f"onnx/stage{k}.onnx",
             sha256=f"{k}" * 64,
@@ -83,7 +83,9 @@ def _manifest(name: str) -> Manifest:
         for k in range(2)
     )
     exits = (ExitSpec("layer1", 0), ExitSpec("final", 1))
-    return Manifest(name=name, input=TensorSpec("x", (3, 32, 32)), num_classes=10, stages=stages, exits=exits)
+    return Manifest(
+        name=name, inputs=(TensorSpec("x", (3, 32, 32)),), num_classes=10, stages=stages, exits=exits
+    )
 
 
 def _profile(manifest: Manifest, device: str, created: str, scale: float = 1.0) -> ProfileTable:

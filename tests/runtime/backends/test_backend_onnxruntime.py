@@ -128,7 +128,11 @@ def test_load_refuses_a_truncated_stage_file(tiny_repository: TinyRepository) ->
 
 def test_graph_whose_outputs_differ_from_the_manifest_is_refused(tiny_repository: TinyRepository) -> None:
     manifest = tiny_repository.models["tiny_a"].manifest
-    stage = replace(manifest.stages[0], features=TensorSpec("feat", (4, 8, 8)))
+    stage = replace(
+        manifest.stages[0],
+        outputs=(TensorSpec("feat", (4, 8, 8)), manifest.stages[0].outputs[1]),
+        passes=("feat",),
+    )
     wrong = replace(manifest, stages=(stage, *manifest.stages[1:]))
     backend = OnnxRuntimeBackend(tiny_repository.repository, threads=1)
     with pytest.raises(
@@ -140,7 +144,7 @@ def test_graph_whose_outputs_differ_from_the_manifest_is_refused(tiny_repository
 
 def test_graph_whose_shape_differs_from_the_manifest_is_refused(tiny_repository: TinyRepository) -> None:
     manifest = tiny_repository.models["tiny_a"].manifest
-    stage = replace(manifest.stages[2], logits=TensorSpec("logits", (6,)))
+    stage = replace(manifest.stages[2], outputs=(TensorSpec("logits", (6,)),))
     wrong = replace(manifest, stages=(*manifest.stages[:2], stage))
     backend = OnnxRuntimeBackend(tiny_repository.repository, threads=1)
     with pytest.raises(RepositoryError, match="per-sample shape") as err:
