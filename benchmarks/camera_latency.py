@@ -57,9 +57,9 @@ class SteadyBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+    def run_outputs(self, model: str, exit: int, batch: np.ndarray) -> dict[str, np.ndarray]:
         time.sleep(self.per_frame_s * len(batch))
-        return self.inner.run(model, exit, batch)
+        return self.inner.run_outputs(model, exit, batch)
 
 
 def factory(per_frame_s: float) -> Any:

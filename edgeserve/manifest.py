@@ -57,6 +57,7 @@ class StageSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     passes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # per input, the tensor that feeds it; () when named alike
 
     @classmethod
     def chain(
@@ -68,11 +69,23 @@ class StageSpec:
         input: TensorSpec,
         logits: TensorSpec | None = None,
         features: TensorSpec | None = None,
+        source: str = "features",
     ) -> StageSpec:
-        """A classifier stage: one input, an optional exit head and optional features passed on."""
+        """A classifier stage: one input, an optional exit head and optional features passed on.
+
+        A stage after the first is fed by the tensor the stage before passes on (`source`; edgeserve
+        export names it `features`), whatever its own input is called.
+        """
         outputs = tuple(t for t in (features, logits) if t is not None)
         passes = (features.name,) if features is not None else ()
-        return cls(index, path, sha256, size_bytes, (input,), outputs, passes)
+        sources = (source,) if index > 0 and source != input.name else ()
+        return cls(index, path, sha256, size_bytes, (input,), outputs, passes, sources)
+
+    @property
+    def feeds(self) -> list[tuple[str, str]]:
+        """(input name, name of the tensor that feeds it) for each input."""
+        sources = self.sources or tuple(t.name for t in self.inputs)
+        return [(t.name, source) for t, source in zip(self.inputs, sources, strict=True)]
 
     @property
     def input(self) -> TensorSpec:
@@ -111,6 +124,7 @@ class StageSpec:
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "passes": list(self.passes),
+            **({"sources": list(self.sources)} if self.sources else {}),
         }
 
 
@@ -226,7 +240,8 @@ class Manifest:
         try:
             if version == 1:
                 inputs: tuple[TensorSpec, ...] = (_tensor(data["input"]),)
-                stages = tuple(_stage_v1(s) for s in data["stages"])
+                sources = ["", *(str((s.get("features") or {}).get("name", "")) for s in data["stages"])]
+                stages = tuple(_stage_v1(s, sources[k]) for k, s in enumerate(data["stages"]))
             else:
                 inputs = tuple(_tensor(t) for t in data["inputs"])
                 stages = tuple(_stage(s) for s in data["stages"])
@@ -272,7 +287,9 @@ class Manifest:
             raise RepositoryError(f"{origin}: batch must be a positive size or null, got {self.batch}")
         available = {t.name for t in self.inputs}
         for stage in self.stages:
-            missing = [t.name for t in stage.inputs if t.name not in available]
+            if stage.sources and len(stage.sources) != len(stage.inputs):
+                raise RepositoryError(f"{origin}: stage {stage.index} needs one source per input")
+            missing = [source for _, source in stage.feeds if source not in available]
             if missing:
                 raise RepositoryError(
                     f"{origin}: stage {stage.index} takes {missing}, which neither the model's inputs "
@@ -322,10 +339,11 @@ def _stage(data: dict[str, Any]) -> StageSpec:
         inputs=tuple(_tensor(t) for t in data["inputs"]),
         outputs=tuple(_tensor(t) for t in data["outputs"]),
         passes=tuple(str(n) for n in data.get("passes", ())),
+        sources=tuple(str(n) for n in data.get("sources", ())),
     )
 
 
-def _stage_v1(data: dict[str, Any]) -> StageSpec:
+def _stage_v1(data: dict[str, Any], source: str) -> StageSpec:
     return StageSpec.chain(
         index=int(data["index"]),
         path=str(data["path"]),
@@ -334,4 +352,5 @@ def _stage_v1(data: dict[str, Any]) -> StageSpec:
         input=_tensor(data["input"]),
         logits=_tensor(data["logits"]) if data.get("logits") else None,
         features=_tensor(data["features"]) if data.get("features") else None,
+        source=source,
     )

@@ -87,6 +87,9 @@ class HookedBackend:
         self.inner.load(manifest)
 
     def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+        return next(iter(self.run_outputs(model, exit, batch).values()))
+
+    def run_outputs(self, model: str, exit: int, batch: np.ndarray) -> dict[str, np.ndarray]:
         self._on_thread("run")
         with self._lock:
             self._active += 1
@@ -96,7 +99,7 @@ class HookedBackend:
         try:
             if model == self.fail_model:
                 raise RuntimeError(f"injected failure on {model}")
-            out = self.inner.run(model, exit, batch)
+            out = self.inner.run_outputs(model, exit, batch)
             if self.delay_s:
                 time.sleep(self.delay_s)
             return out

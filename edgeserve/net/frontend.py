@@ -47,6 +47,7 @@ import numpy as np
 
 from edgeserve import __version__
 from edgeserve.config.server import ListenConfig
+from edgeserve.manifest import TensorSpec
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Server, Status
 from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
@@ -103,6 +104,11 @@ def output_field(output: object) -> dict[str, Any] | None:
     return encode_tensor(np.asarray(output))
 
 
+def _tensor_entry(spec: TensorSpec) -> dict[str, Any]:
+    """A tensor of one sample as the hello reply describes it (-1: a size that varies)."""
+    return {"dtype": spec.dtype, "shape": list(spec.shape)}
+
+
 def result_message(request_id: int, result: Result, priority: int | None) -> dict[str, Any]:
     """The wire form of a Result (docs/protocol.md, "result")."""
     exit_info = None
@@ -120,6 +126,9 @@ def result_message(request_id: int, result: Result, priority: int | None) -> dic
         "status": status.value,
         "model": result.model,
         "output": output_field(result.output),
+        "outputs": None
+        if result.outputs is None
+        else {k: output_field(v) for k, v in result.outputs.items()},
         "exit": exit_info,
         "late": status is Status.OK and end > result.deadline,
         "served_by": result.served_by,
@@ -194,9 +203,9 @@ class Frontend:
         if self._specs[0] is not config:
             specs = {}
             for name in self.server.models:
-                if config.models[name].preprocess is None:
-                    spec = self.server.manifest(name).input
-                    sample = SampleSpec.of(spec.dtype, tuple(spec.shape))
+                inputs = self.server.manifest(name).inputs
+                if config.models[name].preprocess is None and len(inputs) == 1:
+                    sample = SampleSpec.of(inputs[0].dtype, tuple(inputs[0].shape))
                     if sample is not None:
                         specs[name] = sample
             self._specs = (config, specs)
@@ -232,13 +241,23 @@ class Frontend:
             manifest = self.server.manifest(name)
             config = self.server.config.models[name]
             pre = config.preprocess
+            inputs = manifest.inputs
             table[name] = {
-                "input": {"dtype": manifest.input.dtype, "shape": list(manifest.input.shape)},
+                "input": _tensor_entry(inputs[0]) if len(inputs) == 1 else None,
+                "inputs": {t.name: _tensor_entry(t) for t in inputs},
+                "outputs": {t.name: _tensor_entry(t) for t in manifest.exit_outputs(len(manifest.exits) - 1)},
                 "camera_input": None
                 if pre is None
                 else {"dtype": "uint8", "layout": "hwc", "channels": pre.channels},
                 "slo_ms": config.slo_ms,
-                "exits": [{"name": e.name, "accuracy": e.accuracy} for e in manifest.exits],
+                "exits": [
+                    {
+                        "name": e.name,
+                        "accuracy": e.accuracy,
+                        "outputs": [t.name for t in manifest.exit_outputs(i)],
+                    }
+                    for i, e in enumerate(manifest.exits)
+                ],
             }
         return table
 
@@ -596,14 +615,20 @@ class Connection(asyncio.Protocol):
         reply = functools.partial(self._on_answer, request.id, request.priority)
         config = frontend.server.config.models.get(request.model)
         try:
-            if config is not None and config.preprocess is not None and request.tensor.dtype == np.uint8:
+            tensor = request.tensor
+            if (
+                config is not None
+                and config.preprocess is not None
+                and tensor is not None
+                and tensor.dtype == np.uint8
+            ):
                 job = asyncio.ensure_future(self._preprocess_and_enqueue(request, reply))
                 self._jobs.add(job)  # a reference, so the job is not collected half-way
                 job.add_done_callback(self._jobs.discard)
             else:
                 frontend.server.enqueue(
                     request.model,
-                    request.tensor,
+                    request.sample,
                     reply,
                     deadline_ms=request.deadline_ms,
                     capture_ts=request.capture_ts,
@@ -625,7 +650,7 @@ class Connection(asyncio.Protocol):
             assert pre is not None
             shape = tuple(server.manifest(request.model).input.shape)
             try:
-                x = await asyncio.to_thread(preprocess_frame, request.tensor, pre, shape)
+                x = await asyncio.to_thread(preprocess_frame, request.sample, pre, shape)
             except PreprocessError as exc:
                 reply(Result(Status.INVALID, request.model, error=str(exc)))
                 return

@@ -35,7 +35,8 @@ from edgeserve import __version__
 from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
-from edgeserve.runtime import FrontendStats, Result, Server, Status
+from edgeserve.manifest import TensorSpec
+from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
 from edgeserve.wire.oip_codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -51,7 +52,19 @@ from edgeserve.wire.oip_codec import (
 _log = logging.getLogger(__name__)
 
 VERSION = "1"  # every model has one version; /versions/1 and the unversioned paths are the same
-OUTPUT = "logits"
+# manifest dtype -> KServe v2 datatype
+_DATATYPE = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
 SHUTDOWN_TIMEOUT_S = 2.0  # at close, handlers still running after this long are cancelled
 ACCEPTED_ENCODINGS = ("", "identity", "gzip", "deflate")
@@ -342,30 +355,25 @@ class OipFrontend:
         self._model(request)
         return web.Response(status=200 if self.server.accepting else 503)
 
-    def _tensors(self, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(input, output) as name, datatype and per-sample dims."""
+    def _tensors(self, model: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """(inputs, outputs) of one sample; the outputs are the final exit's (every exit answers
+        under these names, see Server)."""
         manifest = self.server.manifest(model)
-        name = manifest.input.name or "x"
-        return (
-            {"name": name, "datatype": "FP32", "dims": list(manifest.input.shape)},
-            {"name": OUTPUT, "datatype": "FP32", "dims": [manifest.num_classes]},
-        )
+        return list(manifest.inputs), list(manifest.exit_outputs(len(manifest.exits) - 1))
 
     def _platform(self) -> str:
         return f"edgeserve_{self.server.config.backend.name}"
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
         model = self._model(request)
-        tensors = self._tensors(model)
+        inputs, outputs = self._tensors(model)
         return web.json_response(
             {
                 "name": model,
                 "versions": [VERSION],
                 "platform": self._platform(),
-                "inputs": [
-                    {"name": tensors[0]["name"], "datatype": "FP32", "shape": [-1, *tensors[0]["dims"]]}
-                ],
-                "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, *tensors[1]["dims"]]}],
+                "inputs": [_metadata(t) for t in inputs],
+                "outputs": [_metadata(t) for t in outputs],
             }
         )
 
@@ -376,7 +384,7 @@ class OipFrontend:
         index = self.server.models.index(model)
         max_batch = self.server.latency_model.models[index].max_batch
         config = self.server.config.models[model]
-        inp, out = self._tensors(model)
+        inputs, outputs = self._tensors(model)
         exits = ",".join(e.name for e in manifest.exits)
         parameters = {"exits": exits, "slo_ms": f"{config.slo_ms:g}"}
         if any(e.accuracy is not None for e in manifest.exits):
@@ -390,15 +398,8 @@ class OipFrontend:
                 "backend": self.server.config.backend.name,
                 "version_policy": {"latest": {"num_versions": 1}},
                 "max_batch_size": max_batch,
-                "input": [
-                    {
-                        "name": inp["name"],
-                        "data_type": "TYPE_FP32",
-                        "format": "FORMAT_NONE",
-                        "dims": inp["dims"],
-                    }
-                ],
-                "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": out["dims"]}],
+                "input": [{**_config_entry(t), "format": "FORMAT_NONE"} for t in inputs],
+                "output": [_config_entry(t) for t in outputs],
                 "parameters": {key: {"string_value": value} for key, value in parameters.items()},
             }
         )
@@ -426,35 +427,54 @@ class OipFrontend:
             body = _decompress(body, encoding, limit)
         return body
 
-    def _samples(self, model: str, request: InferRequest) -> np.ndarray:
-        """The one input as an (N, *sample_shape) float32 array; 400 naming what was expected."""
-        inp, _ = self._tensors(model)
-        expected = (
-            f"[N, {', '.join(str(d) for d in inp['dims'])}] FP32 with 1 <= N <= {self._max_samples(model)}"
-        )
-        if len(request.inputs) != 1:
+    def _samples(self, model: str, request: InferRequest) -> list[Sample]:
+        """One sample per row of the inputs (a batched input's first dimension is N); 400 naming
+        what was expected."""
+        inputs, outputs = self._tensors(model)
+        limit = self._max_samples(model) if all(t.batched for t in inputs) else 1
+        expected = "; ".join(f"{t.name!r}: {_expected(t)}" for t in inputs)
+        given = {t.name: t for t in request.inputs}
+        if len(given) != len(request.inputs) or sorted(given) != sorted(t.name for t in inputs):
             names = [t.name for t in request.inputs]
             raise OipRequestError(
-                400, f"model {model!r} takes one input {inp['name']!r} ({expected}), got {clip(names)}"
+                400, f"model {model!r} takes the inputs {expected} (1 <= N <= {limit}), got {clip(names)}"
             )
-        tensor = request.inputs[0]
-        if tensor.name != inp["name"]:
-            raise OipRequestError(
-                400, f"model {model!r} has one input named {inp['name']!r}, got {clip(tensor.name)}"
-            )
-        if tensor.datatype != "FP32":
-            raise OipRequestError(400, f"input {tensor.name!r}: datatype must be FP32, got {tensor.datatype}")
-        shape = tensor.shape
-        if len(shape) != 1 + len(inp["dims"]) or shape[1:] != inp["dims"]:
-            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {clip(shape)}")
-        if not 1 <= shape[0] <= self._max_samples(model):
-            raise OipRequestError(400, f"input {tensor.name!r}: shape must be {expected}, got {clip(shape)}")
-        for output in request.outputs:
-            if output.name != OUTPUT:
+        rows: set[int] = set()
+        for spec in inputs:
+            tensor = given[spec.name]
+            datatype = _DATATYPE[spec.dtype]
+            if tensor.datatype != datatype:
                 raise OipRequestError(
-                    400, f"model {model!r} has one output {OUTPUT!r}, not {clip(output.name)}"
+                    400, f"input {spec.name!r}: datatype must be {datatype}, got {tensor.datatype}"
                 )
-        return tensor.data
+            shape = tensor.shape
+            want = list(spec.shape)
+            if spec.batched:
+                ok = len(shape) == 1 + len(want) and shape[1:] == want and 1 <= shape[0] <= limit
+                rows.add(shape[0] if ok else -1)
+            else:
+                ok = shape == want
+            if not ok:
+                raise OipRequestError(
+                    400,
+                    f"input {spec.name!r}: shape must be {_expected(spec)} with 1 <= N <= {limit}, "
+                    f"got {clip(shape)}",
+                )
+        if len(rows) > 1:
+            raise OipRequestError(400, f"model {model!r}: the inputs have different N {sorted(rows)}")
+        names = {t.name for t in outputs}
+        for output in request.outputs:
+            if output.name not in names:
+                raise OipRequestError(
+                    400, f"model {model!r} has the outputs {sorted(names)}, not {clip(output.name)}"
+                )
+        count = rows.pop() if rows else 1
+        if len(inputs) == 1 and inputs[0].batched:
+            return list(given[inputs[0].name].data)
+        return [
+            {t.name: given[t.name].data[i] if t.batched else given[t.name].data for t in inputs}
+            for i in range(count)
+        ]
 
     def _max_samples(self, model: str) -> int:
         return self.server.config.models[model].max_queue
@@ -497,7 +517,13 @@ class OipFrontend:
             detail = results[index].error or status.value
             where = f"sample {index} of {len(results)}: " if len(results) > 1 else ""
             return error_response(HTTP_STATUS[status], f"{status.value}: {where}{detail}")
-        logits = np.stack([np.asarray(r.output, dtype=np.float32) for r in results])
+        _, specs = self._tensors(model)
+        wanted = {o.name for o in infer.outputs} or {t.name for t in specs}
+        tensors = [
+            Tensor(t.name, _rows(t, [r.outputs[t.name] if r.outputs else r.output for r in results]))
+            for t in specs
+            if t.name in wanted
+        ]
         parameters: dict[str, Any] = {
             "edgeserve_exit": _joined([r.exit_name for r in results]),
             "edgeserve_exit_index": _joined([r.exit_index for r in results]),
@@ -508,9 +534,35 @@ class OipFrontend:
         accuracies = [r.expected_accuracy for r in results]
         if all(a is not None for a in accuracies):
             parameters["edgeserve_expected_accuracy"] = round(float(np.mean(accuracies)), 6)
-        response = InferResponse(model, [Tensor(OUTPUT, logits)], VERSION, infer.id, parameters)
+        response = InferResponse(model, tensors, VERSION, infer.id, parameters)
         parameters["edgeserve_server_ms"] = round((time.monotonic() - received) * 1000.0, 3)
-        body, headers = encode_response(response, binary_outputs(infer, [OUTPUT]))
+        body, headers = encode_response(response, binary_outputs(infer, [t.name for t in tensors]))
         answer = web.Response(body=body, headers=headers)
         answer.enable_compression()  # only when the client sent Accept-Encoding
         return answer
+
+
+def _expected(spec: TensorSpec) -> str:
+    dims = ", ".join(str(d) for d in spec.shape)
+    shape = f"[N, {dims}]" if spec.batched and dims else ("[N]" if spec.batched else f"[{dims}]")
+    return f"{shape} {_DATATYPE[spec.dtype]}"
+
+
+def _metadata(spec: TensorSpec) -> dict[str, Any]:
+    """A tensor as model metadata lists it: -1 for the batch and for sizes that vary."""
+    shape = [-1, *spec.shape] if spec.batched else list(spec.shape)
+    return {"name": spec.name, "datatype": _DATATYPE[spec.dtype], "shape": shape}
+
+
+def _config_entry(spec: TensorSpec) -> dict[str, Any]:
+    """A tensor as Triton's model configuration lists it (dims without the batch)."""
+    entry: dict[str, Any] = {"name": spec.name, "data_type": f"TYPE_{_DATATYPE[spec.dtype]}"}
+    return {**entry, "dims": list(spec.shape)}
+
+
+def _rows(spec: TensorSpec, values: list[Any]) -> np.ndarray:
+    """Per-sample outputs as one tensor: stacked on N when batched, the one sample's otherwise."""
+    arrays = [np.asarray(v) for v in values]
+    if not spec.batched and len(arrays) == 1:
+        return arrays[0]
+    return np.stack(arrays)

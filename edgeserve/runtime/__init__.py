@@ -19,6 +19,7 @@ _EXPORTS = {
     "Status": "edgeserve.runtime.results",
     "RequestFailed": "edgeserve.runtime.results",
     "FrontendStats": "edgeserve.runtime.counters",
+    "Sample": "edgeserve.runtime.validation",
 }
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "FrontendStats",
     "RequestFailed",
     "Result",
+    "Sample",
     "Server",
     "Status",
     "default_backend",
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from edgeserve.runtime.counters import FrontendStats
     from edgeserve.runtime.results import RequestFailed, Result, Status
     from edgeserve.runtime.server import BackendFactory, Server, default_backend, load_config
+    from edgeserve.runtime.validation import Sample
 
 
 def __getattr__(name: str) -> Any:

@@ -24,18 +24,27 @@ import numpy as np
 
 from edgeserve.manifest import Manifest
 from edgeserve.runtime.backends.base import Backend
+from edgeserve.runtime.validation import Feeds, Sample
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 # A batch to run: model, exit, samples, and the callback to call on the loop with its BatchRun.
-Job = tuple[str, int, Sequence[np.ndarray], Callable[["BatchRun"], object]]
+Job = tuple[str, int, Sequence[Sample], Callable[["BatchRun"], object]]
+
+
+def stack(samples: Sequence[Sample]) -> Feeds:
+    """The samples as one batch: arrays stacked, maps stacked input by input."""
+    first = samples[0]
+    if isinstance(first, np.ndarray):
+        return np.stack(samples)  # type: ignore[arg-type]
+    return {name: np.stack([s[name] for s in samples]) for name in first}  # type: ignore[index]
 
 
 @dataclass(frozen=True)
 class BatchRun:
-    """A finished batch: logits (or the backend's exception) and when the backend ran it."""
+    """A finished batch: its outputs by name (or the backend's exception) and when it ran."""
 
-    logits: np.ndarray | None
+    outputs: dict[str, np.ndarray] | None
     error: BaseException | None
     start: float  # time.monotonic()
     end: float
@@ -73,7 +82,7 @@ class Executor:
         self,
         model: str,
         exit: int,
-        samples: Sequence[np.ndarray],
+        samples: Sequence[Sample],
         done: Callable[[BatchRun], object],
         follow: Callable[[], Job | None] | None = None,
     ) -> None:
@@ -90,10 +99,10 @@ class Executor:
             job: Job | None = (model, exit, samples, done)
             while job is not None:
                 name, at, batch_samples, callback = job
-                batch = np.stack(batch_samples)
                 start = time.monotonic()
                 try:
-                    run = BatchRun(backend.run(name, at, batch), None, start, time.monotonic())
+                    outputs = backend.run_outputs(name, at, stack(batch_samples))
+                    run = BatchRun(outputs, None, start, time.monotonic())
                 except Exception as exc:  # answered as `error` results; the server keeps serving
                     run = BatchRun(None, exc, start, time.monotonic())
                 try:

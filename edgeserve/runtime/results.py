@@ -44,13 +44,14 @@ class Result:
 
     queued: arrival at the server; dispatch: the scheduler picked its batch; start/end: the batch
     ran on the executor between these. `deadline` is absolute (queued + budget).
+    `outputs` holds every output of the exit that ran by name (`output` is the first of them).
     An answer from an upstream (`served_by` names it) has no local start: start is nan, `dispatch`
     is when its batch was sent and `batch_size` the size of that batch.
     """
 
     status: Status
     model: str
-    output: np.ndarray | None = None
+    output: np.ndarray | None = None  # the first of `outputs`: a classifier's logits
     exit_index: int | None = None
     exit_name: str | None = None
     expected_accuracy: float | None = None
@@ -62,6 +63,7 @@ class Result:
     deadline: float = math.nan
     error: str | None = None
     served_by: str = "local"  # or the name of the upstream that computed `output` (docs/offload.md)
+    outputs: dict[str, np.ndarray] | None = None  # every output of the exit that ran, by name
 
     @property
     def ok(self) -> bool:

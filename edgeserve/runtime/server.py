@@ -36,6 +36,7 @@ from edgeserve.runtime.executor import BatchRun, Executor, Job
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.tasks import Task, TaskBook
+from edgeserve.runtime.validation import Sample
 from edgeserve.scheduler import (
     DEFAULT_POLICY,
     Decision,
@@ -129,7 +130,10 @@ class Server:
         self._take_settings(self.config)
         self.counters = Counters()
         self._manifests: list[Manifest] = []
-        self._inputs: list[tuple[np.dtype[Any], tuple[int, ...]]] = []  # per model: dtype, sample shape
+        # per model and exit: the names its outputs are answered under (see _output_names)
+        self._output_names: list[list[tuple[str, ...]]] = []
+        # per model: (dtype, sample shape) of its one input, or None for a model with several inputs
+        self._inputs: list[tuple[np.dtype[Any], tuple[int, ...]] | None] = []
         self._book = TaskBook(len(self._names))
         self._queues = self._book.queues  # the scheduler's view of the book
         self._executor: Executor | None = None
@@ -169,7 +173,11 @@ class Server:
         config = self.config
         repository = ModelRepository(Path(config.repository))
         self._manifests = await asyncio.to_thread(lambda: [repository.load_manifest(n) for n in self._names])
-        self._inputs = [(np.dtype(m.input.dtype), tuple(m.input.shape)) for m in self._manifests]
+        self._inputs = [
+            (np.dtype(m.inputs[0].dtype), tuple(m.inputs[0].shape)) if len(m.inputs) == 1 else None
+            for m in self._manifests
+        ]
+        self._output_names = [_output_names(m) for m in self._manifests]
         executor = Executor(lambda: self._backend_factory(repository, config.backend))
         self._executor = executor
         try:
@@ -307,7 +315,7 @@ class Server:
     async def infer(
         self,
         model: str,
-        x: np.ndarray,
+        x: Sample,
         *,
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
@@ -331,7 +339,7 @@ class Server:
     def submit(
         self,
         model: str,
-        x: np.ndarray,
+        x: Sample,
         *,
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
@@ -341,7 +349,7 @@ class Server:
         return self._submit(model, x, deadline_ms, capture_ts)[0]
 
     def _submit(
-        self, model: str, x: np.ndarray, deadline_ms: float | None, capture_ts: float | None
+        self, model: str, x: Sample, deadline_ms: float | None, capture_ts: float | None
     ) -> tuple[asyncio.Future[Result], Task | None]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         reply = functools.partial(_resolve, future)
@@ -350,7 +358,7 @@ class Server:
     def enqueue(
         self,
         model: str,
-        x: np.ndarray,
+        x: Sample,
         reply: Callable[[Result], object],
         *,
         deadline_ms: float | None = None,
@@ -369,7 +377,7 @@ class Server:
     def _enqueue(
         self,
         model: str,
-        x: np.ndarray,
+        x: Sample,
         deadline_ms: float | None,
         capture_ts: float | None,
         reply: Callable[[Result], object],
@@ -389,7 +397,7 @@ class Server:
             why = f"captured {slo_ms - budget * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
             return self._refuse(model, Status.EXPIRED, now, why)
         if problem is None:
-            problem = self._input_problem(m, x)
+            x, problem = self._sample(m, x)
         if problem is not None:
             return self._refuse(model, Status.INVALID, now, problem)
         queue = self._queues[m]
@@ -445,18 +453,35 @@ class Server:
         assert budget_ms is not None  # checked by timing_problem
         return budget_ms / 1000.0, None
 
-    def _input_problem(self, m: int, x: object) -> str | None:
-        dtype, shape = self._inputs[m]
-        if type(x) is np.ndarray and x.dtype == dtype and x.shape == shape:
-            return None  # the common case, in well under a microsecond
+    def _sample(self, m: int, x: object) -> tuple[Sample, str | None]:
+        """(the sample as the executor stacks it, None) or (x, what is wrong with it).
+
+        A single-input model takes the bare array, or a one-entry map naming its input; a model
+        with several inputs takes a map from each input's name to its array.
+        """
+        single = self._inputs[m]
+        if single is not None:
+            dtype, shape = single
+            if type(x) is np.ndarray and x.dtype == dtype and x.shape == shape:
+                return x, None  # the common case, in well under a microsecond
+            if isinstance(x, dict) and len(x) == 1:
+                name = self._manifests[m].inputs[0].name
+                if name in x:
+                    x = x[name]
         name = self._names[m]
-        if not isinstance(x, np.ndarray):
-            return f"model {name!r} takes a numpy array, got {type(x).__name__}"
-        if x.dtype != dtype:
-            return f"model {name!r} takes {dtype} input, got {x.dtype}; convert it before sending"
-        if tuple(x.shape) != shape:
-            return f"model {name!r} takes one sample shaped {shape}, got {tuple(x.shape)}"
-        return None
+        inputs = self._manifests[m].inputs
+        if single is None or isinstance(x, dict):
+            if not isinstance(x, dict) or sorted(x) != sorted(t.name for t in inputs):
+                given = sorted(map(str, x)) if isinstance(x, dict) else type(x).__name__
+                names = ", ".join(t.name for t in inputs)
+                return x, f"model {name!r} takes the inputs {names} (a map from name to array), got {given}"  # type: ignore[return-value]
+            for spec in inputs:
+                who = f"input {spec.name!r} of model {name!r}"
+                problem = _tensor_problem(who, np.dtype(spec.dtype), spec.shape, x[spec.name])
+                if problem is not None:
+                    return x, problem
+            return x, None
+        return x, _tensor_problem(f"model {name!r}", *single, x)
 
     def _refuse(self, key: str, status: Status, now: float, error: str, model: str | None = None) -> Result:
         """Answer at once without queueing; counted under `key` (a served model or UNKNOWN_MODEL)."""
@@ -470,7 +495,7 @@ class Server:
         end: float,
         *,
         error: str | None = None,
-        output: np.ndarray | None = None,
+        outputs: dict[str, np.ndarray] | None = None,
         exit: int | None = None,
         start: float = math.nan,
         batch_size: int = 0,
@@ -480,7 +505,8 @@ class Server:
         return Result(
             status=status,
             model=self._names[task.model],
-            output=output,
+            output=None if not outputs else next(iter(outputs.values())),
+            outputs=outputs,
             exit_index=exit,
             exit_name=spec.name if spec else None,
             expected_accuracy=spec.accuracy if spec else None,
@@ -729,14 +755,50 @@ class Server:
             for line in lines:
                 _log.warning(line)
         self._decide()
-        logits = run.logits
+        outputs = run.outputs
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
-        if error is None and (logits is None or logits.shape[0] != len(tasks)):
-            error = f"backend returned {None if logits is None else logits.shape} for a batch of {len(tasks)}"
+        if error is None:
+            error = _outputs_problem(outputs, len(tasks))
         ran: dict[str, Any] = {"start": run.start, "batch_size": len(tasks)}
         for i, task in enumerate(tasks):
-            if error is not None or logits is None:
+            if error is not None or outputs is None:
                 result = self._result(task, Status.ERROR, run.end, error=error, exit=exit, **ran)
             else:
-                result = self._result(task, Status.OK, run.end, output=logits[i], exit=exit, **ran)
+                names = self._output_names[m][exit]
+                mine = {name: value[i] for name, value in zip(names, outputs.values(), strict=False)}
+                result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
             self._finish(task, result)
+
+
+def _tensor_problem(who: str, dtype: np.dtype[Any], shape: tuple[int, ...], x: object) -> str | None:
+    """`who` names the model, or the input and its model: "model 'm'", "input 'i' of model 'm'"."""
+    if not isinstance(x, np.ndarray):
+        return f"{who} takes a numpy array, got {type(x).__name__}"
+    if x.dtype != dtype:
+        return f"{who} takes {dtype} input, got {x.dtype}; convert it before sending"
+    if tuple(x.shape) != shape:
+        return f"{who} takes one sample shaped {shape}, got {tuple(x.shape)}"
+    return None
+
+
+def _output_names(manifest: Manifest) -> list[tuple[str, ...]]:
+    """Per exit, the names its outputs are answered under: the final exit's names when the exit
+    gives as many outputs (a head trained for an imported classifier answers as its final output
+    does, so a client reads one name whichever exit ran), else the exit's own."""
+    final = [t.name for t in manifest.exit_outputs(len(manifest.exits) - 1)]
+    names = []
+    for i in range(len(manifest.exits)):
+        own = [t.name for t in manifest.exit_outputs(i)]
+        names.append(tuple(final if len(own) == len(final) else own))
+    return names
+
+
+def _outputs_problem(outputs: dict[str, np.ndarray] | None, size: int) -> str | None:
+    """What is wrong with a backend's outputs for a batch of `size`, or None."""
+    if not outputs:
+        return f"backend returned no outputs for a batch of {size}"
+    for name, value in outputs.items():
+        if not isinstance(value, np.ndarray) or value.ndim < 1 or value.shape[0] != size:
+            shape = getattr(value, "shape", type(value).__name__)
+            return f"backend returned {shape} for output {name!r} of a batch of {size}"
+    return None

@@ -11,9 +11,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
-
 from edgeserve.runtime.results import Result
+from edgeserve.runtime.validation import Sample
 from edgeserve.scheduler import TaskQueue
 
 
@@ -24,7 +23,7 @@ class Task:
 
     id: int
     model: int
-    x: np.ndarray
+    x: Sample
     reply: Callable[[Result], object]
     queued: float
     deadline: float
@@ -48,7 +47,7 @@ class TaskBook:
         return any(self.queues)
 
     def add(
-        self, model: int, x: np.ndarray, reply: Callable[[Result], object], now: float, budget: float
+        self, model: int, x: Sample, reply: Callable[[Result], object], now: float, budget: float
     ) -> Task:
         """Queue a new task at the tail of its model's queue."""
         task = Task(self._next_id, model, x, reply, now, now + budget)

@@ -11,6 +11,11 @@ from edgeserve.errors import InputError
 from edgeserve.manifest import Manifest
 
 T = TypeVar("T")
+# A batch as the executor hands it to a backend: one array for a single-input model, else a map
+# from input name to array; every array has the batch as its first dimension.
+Feeds = np.ndarray | Mapping[str, np.ndarray]
+# One request's input: an array for a single-input model, else a map from input name to array.
+Sample = np.ndarray | dict[str, np.ndarray]
 
 
 def validate_exit(manifest: Manifest, exit: int) -> int:
@@ -46,6 +51,65 @@ def validate_batch(manifest: Manifest, batch: np.ndarray) -> np.ndarray:
     if batch.shape[0] < 1:
         raise InputError(f"model {model!r} got an empty batch; send at least one sample")
     return np.ascontiguousarray(batch)
+
+
+def validate_feeds(manifest: Manifest, batch: Feeds) -> dict[str, np.ndarray]:
+    """Every input of the model by name, each checked like `validate_batch`, with one batch size.
+
+    A single-input model also takes the bare array. An input the graph takes without a batch
+    dimension (TensorSpec.batched False) comes with a leading batch of 1 here, like any other.
+    """
+    model = manifest.name
+    if len(manifest.inputs) == 1 and not isinstance(batch, Mapping):
+        return {manifest.inputs[0].name: validate_batch(manifest, batch)}
+    if not isinstance(batch, Mapping):
+        raise InputError(
+            f"model {model!r} takes {len(manifest.inputs)} inputs ({', '.join(manifest.input_names)}): "
+            f"give a map from input name to array, not {type(batch).__name__}"
+        )
+    names = manifest.input_names
+    if sorted(batch) != sorted(names):
+        raise InputError(f"model {model!r} takes the inputs {names}, got {sorted(map(str, batch))}")
+    feeds: dict[str, np.ndarray] = {}
+    sizes = set()
+    for spec in manifest.inputs:
+        array = _checked(model, spec.name, spec.dtype, spec.shape, batch[spec.name])
+        sizes.add(array.shape[0])
+        feeds[spec.name] = array
+    if len(sizes) != 1:
+        raise InputError(f"model {model!r} got inputs with different batch sizes {sorted(sizes)}")
+    return feeds
+
+
+def _checked(model: str, name: str, dtype: str, shape: tuple[int, ...], batch: object) -> np.ndarray:
+    if not isinstance(batch, np.ndarray):
+        raise InputError(
+            f"input {name!r} of model {model!r} must be a numpy array, got {type(batch).__name__}"
+        )
+    if batch.dtype != np.dtype(dtype):
+        raise InputError(
+            f"input {name!r} of model {model!r} is {dtype}, got {batch.dtype}; convert it before sending"
+        )
+    if batch.ndim != len(shape) + 1 or tuple(batch.shape[1:]) != shape:
+        raise InputError(
+            f"input {name!r} of model {model!r} takes samples shaped {shape}, got a batch shaped "
+            f"{batch.shape} (the batch is the first dimension)"
+        )
+    if batch.shape[0] < 1:
+        raise InputError(f"model {model!r} got an empty batch; send at least one sample")
+    return np.ascontiguousarray(batch)
+
+
+def require_chain(manifest: Manifest, backend: str) -> None:
+    """Refuse what a classifier-chain backend cannot run: several inputs, several exit outputs."""
+    single = len(manifest.inputs) == 1 and manifest.inputs[0].batched
+    heads = all(manifest.stages[e.stage].logits is not None for e in manifest.exits)
+    if single and heads and all(len(s.passes) <= 1 and len(s.inputs) == 1 for s in manifest.stages):
+        return
+    raise InputError(
+        f"model {manifest.name!r} is not a single-input classifier chain, which is all the {backend} "
+        'backend runs; serve it with the onnxruntime backend (`[server] backend = "onnxruntime"`)'
+    )
 
 
 def loaded_model(models: Mapping[str, T], model: str) -> T:

@@ -82,12 +82,23 @@ class Hello:
 
 @dataclass(frozen=True)
 class InferRequest:
+    """`tensor` (a single-input model's one input) or `inputs` (by name): exactly one is set."""
+
     id: int
     model: str
-    tensor: np.ndarray
+    tensor: np.ndarray | None
     deadline_ms: float | None = None
     capture_ts: float | None = None
     priority: int | None = None
+    inputs: dict[str, np.ndarray] | None = None
+
+    @property
+    def sample(self) -> np.ndarray | dict[str, np.ndarray]:
+        """What the Server takes for this request."""
+        if self.inputs is not None:
+            return self.inputs
+        assert self.tensor is not None
+        return self.tensor
 
 
 def message_type(message: dict[str, Any]) -> str:
@@ -137,15 +148,26 @@ def parse_infer(message: dict[str, Any]) -> InferRequest:
     request_id = id_of(message)
     if request_id is None:
         raise ProtocolError(f"infer.id must be an integer in 0..2**63-1, got {brief(message.get('id'))}")
-    allowed = ("type", "id", "model", "tensor", "deadline_ms", "capture_ts", "priority")
+    allowed = ("type", "id", "model", "tensor", "inputs", "deadline_ms", "capture_ts", "priority")
     _only(message, allowed, request_id)
     model = message.get("model")
     if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME:
         raise ProtocolError(f"infer.model must be a model name, got {brief(model, 80)}", request_id)
-    try:
-        tensor = decode_tensor(message.get("tensor"))
-    except TensorError as exc:
-        raise ProtocolError(f"infer.{exc}", request_id) from None
+    tensor: np.ndarray | None = None
+    inputs: dict[str, np.ndarray] | None = None
+    if ("tensor" in message) == ("inputs" in message):
+        raise ProtocolError(
+            "infer needs exactly one of tensor (a single-input model's input) and inputs (a map "
+            "from input name to tensor)",
+            request_id,
+        )
+    if "inputs" in message:
+        inputs = _inputs(message["inputs"], request_id)
+    else:
+        try:
+            tensor = decode_tensor(message.get("tensor"))
+        except TensorError as exc:
+            raise ProtocolError(f"infer.{exc}", request_id) from None
     deadline_ms, capture_ts = message.get("deadline_ms"), message.get("capture_ts")
     problem = timing_problem(deadline_ms, capture_ts, time.time())
     if problem is not None:
@@ -156,7 +178,28 @@ def parse_infer(message: dict[str, Any]) -> InferRequest:
         raise ProtocolError(f"infer.priority must be an integer, got {brief(priority)}", request_id)
     if priority is not None and not -(2**31) <= priority < 2**31:
         raise ProtocolError(f"infer.priority must fit in 32 bits, got {brief(priority)}", request_id)
-    return InferRequest(request_id, model, tensor, real(deadline_ms), real(capture_ts), priority)
+    return InferRequest(request_id, model, tensor, real(deadline_ms), real(capture_ts), priority, inputs)
+
+
+MAX_INPUTS = 64
+
+
+def _inputs(value: object, request_id: int) -> dict[str, np.ndarray]:
+    """infer.inputs: a map of 1..MAX_INPUTS input names to tensors, each decoded like `tensor`."""
+    if not isinstance(value, dict) or not 0 < len(value) <= MAX_INPUTS:
+        raise ProtocolError(
+            f"infer.inputs must be a map of 1 to {MAX_INPUTS} input names to tensors, got {brief(value)}",
+            request_id,
+        )
+    inputs = {}
+    for name, tensor in value.items():
+        if not 0 < len(name) <= MAX_MODEL_NAME:
+            raise ProtocolError(f"infer.inputs names must be 1 to {MAX_MODEL_NAME} characters", request_id)
+        try:
+            inputs[name] = decode_tensor(tensor)
+        except TensorError as exc:
+            raise ProtocolError(f"infer.inputs[{brief(name, 80)}].{exc}", request_id) from None
+    return inputs
 
 
 INFER_FIELDS = frozenset(("type", "id", "model", "tensor", "deadline_ms", "capture_ts", "priority"))

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgeserve.wire.bounds import brief
 
-DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64")
+DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
 MAX_NDIM = 8
 MAX_DIM = 2**31 - 1  # one size of a shape
 MAX_ELEMENTS = 2**31 - 1  # prod(shape), a 0 counted as 1: numpy's sizes never overflow
@@ -63,4 +63,6 @@ def decode_tensor(value: object) -> np.ndarray:
     expected = math.prod(shape) * kind.itemsize
     if len(data) != expected:
         raise TensorError(f"tensor.data has {len(data)} bytes; {dtype} {brief(shape)} needs {expected}")
+    if dtype == "bool" and data.translate(None, b"\x00\x01"):
+        raise TensorError("tensor.data of a bool tensor must hold only bytes 0 and 1")
     return np.frombuffer(data, dtype=kind).reshape(shape).astype(dtype, copy=False)

@@ -50,8 +50,11 @@ class SlowableBackend:
         self.inner.load(manifest)
 
     def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+        return next(iter(self.run_outputs(model, exit, batch).values()))
+
+    def run_outputs(self, model: str, exit: int, batch: np.ndarray) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
-        out = self.inner.run(model, exit, batch)
+        out = self.inner.run_outputs(model, exit, batch)
         time.sleep(
             max(0.0, _target_ms(exit, batch.shape[0], self.speed) / 1000.0 - (time.perf_counter() - t0))
         )

@@ -8,6 +8,7 @@ import numpy as np
 
 from edgeserve.fingerprint import Fingerprint
 from edgeserve.manifest import Manifest
+from edgeserve.runtime.validation import Feeds
 
 
 class Backend(Protocol):
@@ -18,8 +19,14 @@ class Backend(Protocol):
     def load(self, manifest: Manifest) -> None:
         """Open the model's stages (and warm them up) so the first real request is not slow."""
 
-    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
-        """Logits of shape (batch, num_classes) at exit `exit` (0 = shallowest)."""
+    def run(self, model: str, exit: int, batch: Feeds) -> np.ndarray:
+        """The first output of exit `exit` (0 = shallowest): a classifier's logits (batch, num_classes)."""
+
+    def run_outputs(self, model: str, exit: int, batch: Feeds) -> dict[str, np.ndarray]:
+        """Every output of exit `exit` by name, each with the batch as its first dimension.
+
+        `batch` is one array for a single-input model or a map from input name to array.
+        """
 
     def fingerprint(self) -> Fingerprint:
         """The device fingerprint profiles measured with this backend are keyed by."""

@@ -11,18 +11,18 @@ exercise the one the GPU runs.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from edgeserve.errors import BackendUnavailableError, RepositoryError
+from edgeserve.errors import BackendUnavailableError, InputError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest, StageSpec, TensorSpec
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
+from edgeserve.runtime.validation import Feeds, loaded_model, validate_exit, validate_feeds
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -36,7 +36,18 @@ _INSTALL_HINTS = {
     "(on a Jetson both come with JetPack's onnxruntime-gpu wheel)",
 }
 # The onnx element type strings ORT reports for manifest dtypes.
-_ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "uint8": "tensor(uint8)"}
+_ORT_TYPES = {
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "float64": "tensor(double)",
+    "uint8": "tensor(uint8)",
+    "uint16": "tensor(uint16)",
+    "int8": "tensor(int8)",
+    "int16": "tensor(int16)",
+    "int32": "tensor(int32)",
+    "int64": "tensor(int64)",
+    "bool": "tensor(bool)",
+}
 WARMUP_BATCHES = (1, 8)
 
 
@@ -110,30 +121,70 @@ class _Loaded:
 
 
 def run_chain(
-    stages: Sequence[StageSession], batch: np.ndarray, device: str = "cpu", device_id: int = 0
-) -> np.ndarray:
-    """Run `stages` in order on a validated batch and return the last one's logits on the host.
+    stages: Sequence[StageSession], feeds: Mapping[str, np.ndarray], device: str = "cpu", device_id: int = 0
+) -> dict[str, np.ndarray]:
+    """Run `stages` in order on validated graph inputs; the last one's exit outputs, on the host.
 
-    Features between stages are bound to `device` ("cuda" keeps them in GPU memory); only the
-    output the next step needs is bound, so no unused head result is copied anywhere.
+    Tensors a stage passes on are bound to `device` ("cuda" keeps them in GPU memory) and fed by
+    name to the later stages that take them; only outputs someone needs are bound, so no unused
+    head result is copied anywhere.
     """
-    value: ort.OrtValue | None = None
+    values: dict[str, np.ndarray | ort.OrtValue] = dict(feeds)
     for i, stage in enumerate(stages):
         binding = stage.session.io_binding()
-        if value is None:
-            binding.bind_cpu_input(stage.spec.input.name, batch)
-        else:
-            binding.bind_ortvalue_input(stage.spec.input.name, value)
+        for name, source in stage.spec.feeds:
+            value = values[source]
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
         if i == len(stages) - 1:
-            assert stage.spec.logits is not None  # Manifest.validate guarantees an exit's stage has logits
-            binding.bind_output(stage.spec.logits.name, "cpu")
+            names = [t.name for t in stage.spec.exit_outputs]
+            for name in names:
+                binding.bind_output(name, "cpu")
             stage.session.run_with_iobinding(binding)
-            return binding.copy_outputs_to_cpu()[0]
-        assert stage.spec.features is not None  # and that every stage before the last has features
-        binding.bind_output(stage.spec.features.name, device, device_id)
+            return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
+        names = list(stage.spec.passes)
+        for name in names:
+            binding.bind_output(name, device, device_id)
         stage.session.run_with_iobinding(binding)
-        value = binding.get_outputs()[0]
+        values.update(zip(names, binding.get_outputs(), strict=True))
     raise ValueError("run_chain needs at least one stage")
+
+
+def graph_feeds(manifest: Manifest, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """The batch as the graphs take it, and its size: an unbatched input loses its batch of 1;
+    a graph with a fixed batch gets its batch padded with zeros to that size."""
+    size = next(iter(feeds.values())).shape[0]
+    fixed = manifest.batch
+    out = {}
+    for spec in manifest.inputs:
+        array = feeds[spec.name]
+        if not spec.batched:
+            if size != 1:
+                raise InputError(
+                    f"model {manifest.name!r} takes {spec.name!r} without a batch dimension, so it runs "
+                    f"one sample at a time, not {size}"
+                )
+            array = array[0]
+        elif fixed is not None and size != fixed:
+            if size > fixed:
+                raise InputError(f"model {manifest.name!r} runs batches of exactly {fixed}, not {size}")
+            pad = np.zeros((fixed - size, *array.shape[1:]), dtype=array.dtype)
+            array = np.concatenate([array, pad])
+        out[spec.name] = array
+    return out, size
+
+
+def batch_outputs(
+    specs: Sequence[TensorSpec], outputs: dict[str, np.ndarray], size: int
+) -> dict[str, np.ndarray]:
+    """Outputs with the batch first, as the runtime splits them: an unbatched output gets a batch of
+    1, a padded batch loses its padding."""
+    batched = {spec.name: spec.batched for spec in specs}
+    return {
+        name: (value[:size] if batched.get(name, True) else value[None]) for name, value in outputs.items()
+    }
 
 
 class OnnxRuntimeBackend:
@@ -191,11 +242,15 @@ class OnnxRuntimeBackend:
         """First runs allocate arenas and pick kernels; do that before the first real request."""
         if self.warmup <= 0:
             return
-        for batch in WARMUP_BATCHES:
-            x = np.zeros((batch, *manifest.input.shape), dtype=np.dtype(manifest.input.dtype))
+        largest = manifest.max_batch
+        for batch in WARMUP_BATCHES if largest is None else (largest,):
+            feeds = {
+                t.name: np.zeros((1 if not t.batched else batch, *t.shape), dtype=np.dtype(t.dtype))
+                for t in manifest.inputs
+            }
             for exit in range(len(manifest.exits)):
                 for _ in range(self.warmup):
-                    self.run(manifest.name, exit, x)
+                    self.run_outputs(manifest.name, exit, feeds)
 
     @property
     def models(self) -> list[str]:
@@ -213,14 +268,19 @@ class OnnxRuntimeBackend:
 
     # -- inference ---------------------------------------------------------------------------------
 
-    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
-        """Logits (batch, num_classes) float32 at exit `exit`, running stages 0..exit's stage."""
+    def run(self, model: str, exit: int, batch: Feeds) -> np.ndarray:
+        """The first exit output (a classifier's logits, (batch, num_classes)) at exit `exit`."""
+        return next(iter(self.run_outputs(model, exit, batch).values()))
+
+    def run_outputs(self, model: str, exit: int, batch: Feeds) -> dict[str, np.ndarray]:
+        """Every output of exit `exit` by name, batch first, running stages 0..exit's stage."""
         loaded = self._loaded(model)
         manifest = loaded.manifest
         exit = validate_exit(manifest, exit)
-        batch = validate_batch(manifest, batch)
+        feeds, size = graph_feeds(manifest, validate_feeds(manifest, batch))
         last = manifest.exits[exit].stage
-        return run_chain(loaded.stages[: last + 1], batch, self._device, self.device_id)
+        outputs = run_chain(loaded.stages[: last + 1], feeds, self._device, self.device_id)
+        return batch_outputs(manifest.stages[last].outputs, outputs, size)
 
     # -- identity ----------------------------------------------------------------------------------
 
@@ -245,14 +305,20 @@ def _check_session(
 ) -> None:
     """The graph must take and give exactly what the manifest says, or chaining would go wrong."""
     fix = f"re-export it with `edgeserve export --model {manifest.name} --repository {root}`"
-    inputs = session.get_inputs()
-    if [i.name for i in inputs] != [spec.input.name]:
-        raise RepositoryError(
-            f"{path}: graph inputs are {[i.name for i in inputs]}, "
-            f"the manifest says [{spec.input.name!r}]; {fix}"
+    if "imported_from" in manifest.source:
+        fix = (
+            f"re-import it with `edgeserve import FILE.onnx --name {manifest.name} "
+            f"--repository {root} --force`"
         )
-    _check_shape(path, "input", inputs[0], spec.input, fix)
-    wanted = {t.name: t for t in (spec.features, spec.logits) if t is not None}
+    inputs = {i.name: i for i in session.get_inputs()}
+    wanted_inputs = [t.name for t in spec.inputs]
+    if sorted(inputs) != sorted(wanted_inputs):
+        raise RepositoryError(
+            f"{path}: graph inputs are {sorted(inputs)}, the manifest says {sorted(wanted_inputs)}; {fix}"
+        )
+    for tensor in spec.inputs:
+        _check_shape(path, "input", inputs[tensor.name], tensor, fix)
+    wanted = {t.name: t for t in spec.outputs}
     outputs = {o.name: o for o in session.get_outputs()}
     if set(outputs) != set(wanted):
         raise RepositoryError(
@@ -268,13 +334,13 @@ def _check_shape(path: Path, kind: str, arg: ort.NodeArg, spec: TensorSpec, fix:
         raise RepositoryError(
             f"{path}: {kind} {arg.name!r} is {arg.type}, the manifest says {spec.dtype}; {fix}"
         )
-    if not arg.shape:
+    if not arg.shape and (spec.batched or spec.shape):
         return  # rank not recorded in the graph: nothing to compare until it runs
-    dims = list(arg.shape)[1:]
+    dims = list(arg.shape)[1:] if spec.batched else list(arg.shape)
     if len(dims) != len(spec.shape) or any(
-        isinstance(d, int) and d != s for d, s in zip(dims, spec.shape, strict=True)
+        isinstance(d, int) and s >= 0 and d != s for d, s in zip(dims, spec.shape, strict=True)
     ):
+        what = "per-sample shape" if spec.batched else "shape"
         raise RepositoryError(
-            f"{path}: {kind} {arg.name!r} has per-sample shape {dims}, "
-            f"the manifest says {list(spec.shape)}; {fix}"
+            f"{path}: {kind} {arg.name!r} has {what} {dims}, the manifest says {list(spec.shape)}; {fix}"
         )

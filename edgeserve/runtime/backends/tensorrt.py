@@ -27,7 +27,7 @@ from edgeserve.runtime.backends.buffer_plan import BufferPlan, plan_buffers
 from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart
 from edgeserve.runtime.backends.engine_cache import BuildTarget, batch_sizes, engine_path, load_current_record
 from edgeserve.runtime.backends.tensorrt_build import detect_target, import_tensorrt
-from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
+from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_batch, validate_exit
 
 
 @dataclass
@@ -72,6 +72,7 @@ class TensorRTBackend:
 
     def load(self, manifest: Manifest) -> None:
         """Deserialize the stage engines, allocate buffers, bind every (stage, batch), warm up, capture."""
+        require_chain(manifest, self.name)
         if self._stream is None:
             flags = self.cudart.cudaStreamNonBlocking
             self._stream = check(self.cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags")
@@ -192,6 +193,13 @@ class TensorRTBackend:
         assert out.host is not None
         count = n * int(np.prod(logits_spec.shape))
         return out.host[:count].reshape(n, *logits_spec.shape).astype(np.float32, copy=True)
+
+    def run_outputs(self, model: str, exit: int, batch: Feeds) -> dict[str, np.ndarray]:
+        """The exit's logits by name: this backend serves the classifier chains `edgeserve export` writes."""
+        manifest = self._loaded(model).manifest
+        logits = manifest.stages[manifest.exits[validate_exit(manifest, exit)].stage].logits
+        assert logits is not None  # load() took only single-input classifier chains
+        return {logits.name: self.run(model, exit, batch)}  # type: ignore[arg-type]
 
     def _loaded(self, model: str) -> _LoadedModel:
         return loaded_model(self._models, model)

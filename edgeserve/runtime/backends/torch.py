@@ -22,7 +22,7 @@ from edgeserve.errors import BackendUnavailableError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.validation import loaded_model, validate_batch, validate_exit
+from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_batch, validate_exit
 
 TORCH_FIX = "install the export extra (`pip install 'edgeserve[export]'`, which brings torch)"
 
@@ -113,6 +113,7 @@ class TorchBackend:
         from edgeserve.export.models import build_model
         from edgeserve.export.state_npz import state_sha256
 
+        require_chain(manifest, self.name)
         fix = f"re-export it with `edgeserve export` into {self.repository.root}"
         try:
             module = build_model(model_request_from_source(manifest)).module
@@ -177,6 +178,13 @@ class TorchBackend:
             else:
                 out = self._forward(loaded.module, torch.from_numpy(batch).to(self.device), exit)
             return out.float().cpu().numpy()
+
+    def run_outputs(self, model: str, exit: int, batch: Feeds) -> dict[str, np.ndarray]:
+        """The exit's logits by name: this backend serves the classifier chains `edgeserve export` writes."""
+        manifest = self._loaded(model).manifest
+        logits = manifest.stages[manifest.exits[validate_exit(manifest, exit)].stage].logits
+        assert logits is not None  # load() took only single-input classifier chains
+        return {logits.name: self.run(model, exit, batch)}  # type: ignore[arg-type]
 
     def _loaded(self, model: str) -> _Loaded:
         return loaded_model(self._models, model)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgeserve.config.checks import ConfigError
 from edgeserve.config.upstreams import UpstreamConfig
 from edgeserve.manifest import Manifest
 from edgeserve.runtime.offload.breaker import BreakerState, CircuitBreaker
@@ -112,9 +113,17 @@ class Offloader:
     async def start(self) -> None:
         """Size the samples and start the health probes (the first one at once: an RTT prior)."""
         self._sample_bytes = []
-        for manifest in self._context.manifests:
-            inputs = math.prod(manifest.input.shape) * np.dtype(manifest.input.dtype).itemsize
-            self._sample_bytes.append(int(inputs + 4 * manifest.num_classes))
+        self._output_names: list[str] = []
+        for m, manifest in enumerate(self._context.manifests):
+            if m in self._routes_by_model and len(manifest.inputs) != 1:
+                raise ConfigError(
+                    f"upstreams: model {manifest.name!r} takes {len(manifest.inputs)} inputs; offloading "
+                    "sends one input tensor, so remove it from the upstreams' models"
+                )
+            final = manifest.exit_outputs(len(manifest.exits) - 1)
+            self._output_names.append(final[0].name)  # an upstream's answer is the final exit's
+            tensors = [*manifest.inputs, *final]
+            self._sample_bytes.append(sum(_nbytes(t.shape, t.dtype) for t in tensors))
         self._probes = [asyncio.ensure_future(self._probe_loop(u)) for u in self.upstreams]
 
     @property
@@ -268,6 +277,7 @@ class Offloader:
                     status=Status.OK,
                     model=name,
                     output=outputs[i],
+                    outputs={self._output_names[m]: outputs[i]},
                     batch_size=len(tasks),
                     queued=task.queued,
                     dispatch=task.dispatch,
@@ -335,3 +345,8 @@ class Offloader:
                 "fallbacks": upstream.counters.fallbacks,
             }
         return out
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of one sample's tensor (a dimension that varies, -1, counted as 1)."""
+    return math.prod(max(d, 1) for d in shape) * np.dtype(dtype).itemsize
