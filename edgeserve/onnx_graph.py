@@ -203,7 +203,8 @@ def _check_names(option: str, given: Mapping[str, Any], names: Sequence[str]) ->
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise RepositoryError(
-                f"{option} {name}=...: the model has no input {name!r}; {hint}its inputs are {', '.join(names)}"
+                f"{option} {name}=...: the model has no input {name!r}; {hint}"
+                f"its inputs are {', '.join(names)}"
             )
 
 
@@ -258,7 +259,8 @@ def infer(
 ) -> Inference:
     """The manifest that serves `path` as one stage with one exit named "output".
 
-    `fix` is how the message for an unfixed dynamic dimension begins its fix (default: "add --shape").
+    `fix` is the fix the message for an unfixed dynamic dimension gives, `{shape}` standing for the
+    suggested `INPUT=D0,D1,...` (default: "add --shape {shape}").
     `check` runs the graph once on random inputs to confirm batched outputs follow the batch;
     `values` fills named inputs with a constant instead (an audio model's sample rate, say).
     """
@@ -281,7 +283,7 @@ def infer(
         batched_in = [True] * len(inputs)
     else:
         batched_in = [False] * len(inputs)
-    fix = fix if fix is not None else "add"
+    fix = fix if fix is not None else "add --shape {shape}"
     specs: list[TensorSpec] = []
     full: dict[str, tuple[int, ...]] = {}
     for t, d, b in zip(inputs, dims, batched_in, strict=True):
@@ -293,8 +295,9 @@ def infer(
                 label = f" ({label!r})" if isinstance(label, str) else ""
                 raise RepositoryError(
                     f"{path}: dimension {index}{label} of input {t.name!r} {t.show()} is dynamic and is not "
-                    f"the batch dimension, so edgeserve needs its size: {fix} --shape {_suggest(t, b)} "
-                    "(the size you will send; the batch entry stays N)"
+                    f"the batch dimension, so edgeserve needs its size: "
+                    + fix.format(shape=_suggest(t, b))
+                    + " (with the size you will send; the batch entry stays N)"
                 )
         per_sample = tuple(int(s) for s in rest)  # type: ignore[arg-type]
         specs.append(TensorSpec(t.name, per_sample, t.dtype, batched=b))
