@@ -22,7 +22,7 @@ from edgeserve import onnx_graph
 from edgeserve.errors import RepositoryError, require_module
 from edgeserve.files import sha256_file
 from edgeserve.importer import split as splitting
-from edgeserve.manifest import Manifest, StageSpec, TensorSpec
+from edgeserve.manifest import ExitSpec, Manifest, StageSpec, TensorSpec
 from edgeserve.repository import ModelRepository
 
 IMPORTER = "edgeserve import"
@@ -221,6 +221,7 @@ def import_model(
             manifest = replace(
                 manifest, stages=(stage_spec(target, staged, 0, stage.inputs, stage.outputs, ()),)
             )
+        manifest.validate(str(repository.manifest_path(name)))
         if model_dir.exists():
             shutil.rmtree(model_dir / "onnx", ignore_errors=True)
             repository.manifest_path(name).unlink(missing_ok=True)
@@ -336,7 +337,8 @@ def _split(
         env.update(zip(p.outputs, out, strict=True))
     whole = {name: results[name] for name in plans[-1].outputs}
     differences = splitting.compare(whole, env)
-    return replace(manifest, stages=tuple(stages)), differences
+    exits = (ExitSpec(onnx_graph.EXIT_NAME, len(stages) - 1),)
+    return replace(manifest, stages=tuple(stages), exits=exits), differences
 
 
 def list_tensors(
