@@ -316,7 +316,7 @@ def infer(
         try:
             results = sess.run(None, feeds, quiet_run())
         except Exception as exc:
-            raise _run_failure(path, exc, feeds) from None
+            raise _run_failure(path, exc, feeds, values) from None
         outs = _check_outputs(outs, outputs, results, check_batch, notes)
     if not model_batched:
         notes.append("served one sample at a time: " + _unbatched_reason(inputs, batched_in))
@@ -403,15 +403,23 @@ def random_inputs(
     return feeds
 
 
-def _run_failure(path: Path, exc: Exception, feeds: Mapping[str, np.ndarray]) -> RepositoryError:
+def _run_failure(
+    path: Path, exc: Exception, feeds: Mapping[str, np.ndarray], values: Mapping[str, float] | None
+) -> RepositoryError:
     text = " ".join(str(exc).split())
     if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
         return ort_failure(path, exc)
     shown = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
     brief = text if len(text) <= 240 else text[:237] + "..."
+    ints = [k for k, v in feeds.items() if v.dtype.kind in "iu" and k not in (values or {})]
+    fix = "check the --shape sizes"
+    if ints:
+        fix += (
+            f"; the integer input(s) {', '.join(ints)} got random 0/1 values: give each the value the model "
+            f"expects with --value {ints[0]}=V (e.g. a sample rate or a token id)"
+        )
     return RepositoryError(
-        f"{path}: ONNX Runtime could not run the graph on random inputs ({shown}): {brief}: check the "
-        "--shape sizes, or give an input the value it expects with --value INPUT=V (e.g. a sample rate)"
+        f"{path}: ONNX Runtime could not run the graph on random inputs ({shown}): {brief}: {fix}"
     )
 
 

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     count = len(manifest.stages)
     stages = f"{count} stage{'s' * (count > 1)}"
-    print(f"imported {args.file} as {manifest.name!r} into {done.model_dir} ({stages}, served at {batch})")
+    print(f"imported {args.file} as {manifest.name!r} into {done.model_dir} ({stages}, served {batch})")
     rows = [("input", t) for t in manifest.inputs] + [("output", t) for t in manifest.stages[-1].outputs]
     width = max(len(t.name) for _, t in rows)
     for kind, t in rows:
