@@ -215,6 +215,14 @@ def import_model(
             if shapes:
                 bake_shapes(model, manifest)
                 save_graph(model, target, external)
+                refusal = _runs(target, manifest, inference, values)
+                if refusal is not None:
+                    shutil.rmtree(target.parent)
+                    copy_graph(source, target, model)
+                    notes.append(
+                        "the --shape sizes are not written into the copied graph (ONNX Runtime refuses the "
+                        f"graph with them: {refusal}); they are in the manifest"
+                    )
             else:
                 copy_graph(source, target, model)
             stage = manifest.stages[0]
@@ -230,6 +238,20 @@ def import_model(
     repository.save_manifest(manifest)
     repository.verify(manifest)
     return Imported(manifest, model_dir, notes, differences)
+
+
+def _runs(
+    path: Path, manifest: Manifest, inference: onnx_graph.Inference, values: Mapping[str, float] | None
+) -> str | None:
+    """None when ONNX Runtime loads and runs `path` on the check inputs, else why not (briefly)."""
+    feeds = onnx_graph.random_inputs(
+        manifest.inputs, inference.input_shapes, inference.check_batch or 1, values=values
+    )
+    try:
+        onnx_graph.session(path).run(None, feeds, onnx_graph.quiet_run())
+    except Exception as exc:
+        return " ".join(str(exc).split())[:200]
+    return None
 
 
 def _boundary_specs(
