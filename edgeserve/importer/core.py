@@ -128,11 +128,11 @@ def save_graph(model: Any, path: Path, external: bool) -> None:
         onnx.save_model(model, str(path))
 
 
-def copy_graph(source: Path, target: Path, model: Any) -> None:
+def copy_graph(source: Path, target: Path, locations: Sequence[str]) -> None:
     """Copy the file as it is, with its external data files (same relative names)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)
-    for name in external_files(model):
+    for name in locations:
         (target.parent / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.parent / name, target.parent / name)
 
@@ -176,7 +176,13 @@ def import_model(
             "another --name"
         )
     source = Path(source)
-    model = load_proto(source, external=bool(shapes or split_at))
+    model = load_proto(source, external=False)
+    locations = external_files(model)
+    external = bool(locations)  # before loading the data: loading clears the locations
+    if external and (shapes or split_at):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(source.parent))
     notes: list[str] = []
     import onnx
 
@@ -195,7 +201,6 @@ def import_model(
     inference = onnx_graph.infer(source, name, shapes, values=values, source=info)
     manifest = inference.manifest
     notes += inference.notes
-    external = bool(external_files(model))
     repository.root.mkdir(parents=True, exist_ok=True)
     differences: list[tuple[str, float, float, bool]] = []
     with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=repository.root) as tmp:
@@ -218,13 +223,13 @@ def import_model(
                 refusal = _runs(target, manifest, inference, values)
                 if refusal is not None:
                     shutil.rmtree(target.parent)
-                    copy_graph(source, target, model)
+                    copy_graph(source, target, locations)
                     notes.append(
                         "the --shape sizes are not written into the copied graph (ONNX Runtime refuses the "
                         f"graph with them: {refusal}); they are in the manifest"
                     )
             else:
-                copy_graph(source, target, model)
+                copy_graph(source, target, locations)
             stage = manifest.stages[0]
             manifest = replace(
                 manifest, stages=(stage_spec(target, staged, 0, stage.inputs, stage.outputs, ()),)
