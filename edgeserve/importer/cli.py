@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     repository = ModelRepository(args.repository if args.repository is not None else default_root())
     done = core.import_model(args.file, args.name, repository, shapes, split_at, values, force=args.force)
     manifest = done.manifest
-    batch = {None: "any batch size", 1: "one sample at a time"}.get(
-        manifest.max_batch, f"batch {manifest.max_batch}"
+    batch = {None: "at any batch size", 1: "one sample at a time"}.get(
+        manifest.max_batch, f"at batch {manifest.max_batch}"
     )
     count = len(manifest.stages)
     stages = f"{count} stage{'s' * (count > 1)}"
