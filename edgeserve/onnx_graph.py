@@ -310,6 +310,11 @@ def infer(
         rest = d[1:] if b else d
         outs.append(TensorSpec(t.name, tuple(-1 if s is None else s for s in rest), t.dtype, batched=b))
     notes: list[str] = []
+    fixed_outs = [f"{t.name} {t.show()}" for t, o in zip(outputs, outs, strict=True) if not o.batched]
+    if model_batched and fixed_outs:
+        notes.append(
+            f"output(s) {', '.join(fixed_outs)} have no batch dimension: served one sample at a time"
+        )
     check_batch = (CHECK_BATCH if batch is None else batch) if model_batched else None
     if check:
         feeds = random_inputs(specs, full, check_batch or 1, seed, values)
