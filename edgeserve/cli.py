@@ -17,6 +17,7 @@ from edgeserve.errors import DEBUG_ENV, guarded
 # Later issues append serve, send, bench, build-engines, install-service, doctor.
 SUBCOMMAND_MODULES = (
     "edgeserve.export.cli",
+    "edgeserve.importer.cli",
     "edgeserve.profiler.cli",
     "edgeserve.scheduler.cli",
     "edgeserve.tools.build_engines",

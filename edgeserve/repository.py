@@ -12,6 +12,7 @@ profile from another device or another export is refused with the command that f
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import shlex
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ from edgeserve.profile import ProfileTable
 
 DEFAULT_ROOT = Path("engines")
 ROOT_ENV = "EDGESERVE_REPOSITORY"
+log = logging.getLogger(__name__)
+# Manifests inferred for lone ONNX files, keyed by (path, mtime, size): inferring opens a session.
+_INFERRED: dict[tuple[str, int, int], Manifest] = {}
 
 
 def default_root() -> Path:
@@ -56,7 +60,7 @@ def unknown_model_message(repository: ModelRepository, model: str, what: str) ->
 
 def check_model_name(repository: ModelRepository, model: str, option: str = "model") -> None:
     """RepositoryError with a did-you-mean unless `model` has a manifest in the repository."""
-    if not repository.manifest_path(model).exists():
+    if not repository.has_model(model):
         raise RepositoryError(unknown_model_message(repository, model, option))
 
 
@@ -83,13 +87,67 @@ class ModelRepository:
         return self.model_dir(model) / MANIFEST_FILE
 
     def models(self) -> list[str]:
+        """Folders with a manifest, and folders holding one lone ONNX file (auto-complete)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.parent.name for p in self.root.glob(f"*/{MANIFEST_FILE}"))
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and self.has_model(p.name)
+        )
+
+    def has_model(self, model: str) -> bool:
+        return self.manifest_path(model).exists() or self.lone_onnx(model) is not None
+
+    def lone_onnx(self, model: str) -> Path | None:
+        """The one `.onnx` file of a model folder without a manifest (in it or in its onnx/), else None."""
+        folder = self.model_dir(model)
+        if not folder.is_dir() or self.manifest_path(model).exists():
+            return None
+        found = [*folder.glob("*.onnx"), *folder.glob("onnx/*.onnx")]
+        return found[0] if len(found) == 1 and found[0].is_file() else None
+
+    def infer_manifest(self, model: str) -> Manifest:
+        """The manifest of a lone ONNX file, inferred in memory (the folder is never written).
+
+        The same inference as `edgeserve import` without --shape: a graph with a dynamic dimension
+        besides the batch is refused with the `edgeserve import ... --shape` command that fixes it.
+        """
+        from edgeserve import onnx_graph
+
+        path = self.lone_onnx(model)
+        if path is None:
+            raise RepositoryError(f"{self.model_dir(model)}: " + unknown_model_message(self, model, "model"))
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+        if key in _INFERRED:
+            return _INFERRED[key]
+        command = onnx_graph.import_command(path, model, self.root)
+        inference = onnx_graph.infer(
+            path,
+            model,
+            stage_path=path.relative_to(self.model_dir(model)).as_posix(),
+            fix=f"import it with `{command} --shape {{shape}}`",
+            source={"inferred_from": str(path), "importer": "repository auto-complete"},
+        )
+        manifest = inference.manifest
+        inputs = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in manifest.inputs)
+        outputs = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in manifest.stages[0].outputs)
+        batch = "any batch" if manifest.max_batch is None else f"batch {manifest.max_batch}"
+        notes = "".join(f"; {n}" for n in inference.notes)
+        log.info(
+            "model %r: no manifest, inferred from %s: inputs %s -> outputs %s (per sample), %s%s; "
+            "`%s` writes it down",
+            model, path, inputs, outputs, batch, notes, command,
+        )  # fmt: skip
+        _INFERRED[key] = manifest
+        return manifest
 
     def load_manifest(self, model: str, verify: bool = True) -> Manifest:
         path = self.manifest_path(model)
         if not path.exists():
+            if self.lone_onnx(model) is not None:
+                return self.infer_manifest(model)
             raise RepositoryError(f"{path}: " + unknown_model_message(self, model, "model"))
         manifest = Manifest.load(path)
         if manifest.name != model:
