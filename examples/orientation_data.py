@@ -76,7 +76,7 @@ def render_page(words: list[str], rng: np.random.Generator) -> np.ndarray:
     """One upright page: dark lines of text on a light background, (PAGE, PAGE) uint8."""
     from PIL import Image, ImageDraw, ImageFont
 
-    size = int(rng.integers(11, 19))
+    size = int(rng.integers(7, 19))
     font = ImageFont.load_default(size=size)
     background = int(rng.integers(200, 256))
     ink = int(rng.integers(0, 80))
@@ -84,9 +84,9 @@ def render_page(words: list[str], rng: np.random.Generator) -> np.ndarray:
     draw = ImageDraw.Draw(page)
     start = int(rng.integers(0, max(1, len(words) - 400)))
     margin = int(rng.integers(4, 24))
-    y = int(rng.integers(2, 20))
+    y = int(rng.integers(2, PAGE // 2))  # from a full page down to a few lines at the bottom
     i = start
-    line_height = int(size * rng.uniform(1.2, 1.7))
+    line_height = int(size * rng.uniform(1.2, 2.5))
     while y + size < PAGE - 2:
         line = ""
         while i < len(words) and draw.textlength(line + " " + words[i], font=font) < PAGE - 2 * margin:
@@ -95,7 +95,7 @@ def render_page(words: list[str], rng: np.random.Generator) -> np.ndarray:
         draw.text((margin, y), line, fill=ink, font=font)
         y += line_height
     pixels = np.asarray(page, dtype=np.float32)
-    pixels += rng.normal(0.0, 4.0, pixels.shape).astype(np.float32)  # scanner noise
+    pixels += rng.normal(0.0, rng.uniform(2.0, 40.0), pixels.shape).astype(np.float32)  # scanner noise
     return np.clip(pixels, 0, 255).astype(np.uint8)
 
 
@@ -121,7 +121,9 @@ def make_dataset(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True, help="the .npz to write")
     parser.add_argument("--samples", type=int, default=1000, help="number of pages (default 1000)")
     parser.add_argument("--seed", type=int, default=0)

@@ -61,7 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("name", metavar="NAME", help="the model in the repository (split into stages)")
     parser.add_argument("--data", type=Path, required=True, metavar="FILE.npz", help="labelled samples: x, y")
     parser.add_argument(
-        "--repository", type=Path, default=None, help="model repository (default: $EDGESERVE_REPOSITORY or ./engines)"
+        "--repository",
+        type=Path,
+        default=None,
+        help="model repository (default: $EDGESERVE_REPOSITORY or ./engines)",
     )
     parser.add_argument(
         "--output",
@@ -69,7 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="OUTPUT_NAME",
         help="the model output that holds the class scores (default: the model's one output)",
     )
-    parser.add_argument("--epochs", type=_positive, default=100, help="passes over the training features (default 100)")
+    parser.add_argument(
+        "--epochs", type=_positive, default=100, help="passes over the training features (default 100)"
+    )
     parser.add_argument(
         "--val-fraction", type=float, default=0.2, help="share held out to measure accuracy (default 0.2)"
     )
@@ -77,7 +82,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--batch-size", type=_positive, default=32, help="samples per backbone run (default 32)"
     )
-    parser.add_argument("--threads", type=_positive, default=None, help="ONNX Runtime threads (default: its own)")
+    parser.add_argument(
+        "--threads", type=_positive, default=None, help="ONNX Runtime threads (default: its own)"
+    )
     parser.add_argument("--force", action="store_true", help="replace the exit heads of an earlier run")
     parser.set_defaults(func=train_exits_command)
     return parser
@@ -133,7 +140,12 @@ def train_exits_command(args: argparse.Namespace) -> int:
             onnx_heads.strip_outputs(model, keep=list(stage.passes))
             head = trained[k]
             onnx_heads.attach_head(
-                model, plan.heads[k], head.weight, head.bias, train.head_output_name(exit_names[k]), exit_names[k]
+                model,
+                plan.heads[k],
+                head.weight,
+                head.bias,
+                train.head_output_name(exit_names[k]),
+                exit_names[k],
             )
             staged[k] = paths[k].with_name(f".{paths[k].stem}.train-exits.onnx")
             onnx_heads.save_stage(model, staged[k])
@@ -153,11 +165,29 @@ def train_exits_command(args: argparse.Namespace) -> int:
 
     sizes = [p.stat().st_size for p in paths]
     rows = [
-        (exit_names[k], k, features.pooled[k].shape[1], trained[k].train_accuracy, val_accuracy[k], timings[k], sum(sizes[: k + 1]))
+        (
+            exit_names[k],
+            k,
+            features.pooled[k].shape[1],
+            trained[k].train_accuracy,
+            val_accuracy[k],
+            timings[k],
+            sum(sizes[: k + 1]),
+        )
         for k in splits
     ]
     final_exit = next(e for e in new_manifest.exits if e.stage == plan.final_stage)
-    rows.append((final_exit.name, plan.final_stage, None, final_train, final_val, timings[plan.final_stage], sum(sizes)))
+    rows.append(
+        (
+            final_exit.name,
+            plan.final_stage,
+            None,
+            final_train,
+            final_val,
+            timings[plan.final_stage],
+            sum(sizes),
+        )
+    )
     print(
         f"{name}: top-1 accuracy on the {len(val_idx)} held-out samples ({len(train_idx)} trained on, "
         f"{args.epochs} epochs); cost: one batch of {len(features.sample_x[:TIMED_BATCH])} through "
@@ -190,18 +220,25 @@ def _check_and_time(plan, trained, exit_names, features, merged_paths, threads):
     x = features.sample_x
     got = runner.run(x, wanted)
     backbone = max(
-        float(np.max(np.abs(got[n].astype(np.float64) - features.sample_passed[n].astype(np.float64)), initial=0.0))
+        float(
+            np.max(
+                np.abs(got[n].astype(np.float64) - features.sample_passed[n].astype(np.float64)), initial=0.0
+            )
+        )
         for n in features.sample_passed
     )
     heads = 0.0
     for k in plan.split_stages:
         expected = trained[k].logits(train.head_features(plan, k, features.sample_passed))
-        heads = max(heads, float(np.max(np.abs(got[train.head_output_name(exit_names[k])] - expected))))
-    scale = max(1.0, *(float(np.max(np.abs(t.logits(features.pooled[k][: len(x)])))) for k, t in trained.items()))
+        heads = max(heads, float(np.max(np.abs(got[k, train.head_output_name(exit_names[k])] - expected))))
+    scale = max(
+        1.0, *(float(np.max(np.abs(t.logits(features.pooled[k][: len(x)])))) for k, t in trained.items())
+    )
     if backbone > 1e-5 or heads > 1e-3 * scale:
         raise TrainExitsError(
-            f"model {plan.manifest.name!r}: the merged stage graphs differ from the backbone (max {backbone:.1e}) "
-            f"or from the trained heads (max {heads:.1e}); nothing was written. This is a bug: report it"
+            f"model {plan.manifest.name!r}: the merged stage graphs differ from the backbone "
+            f"(max {backbone:.1e}) or from the trained heads (max {heads:.1e}); nothing was written. "
+            "This is a bug: report it"
         )
     check = (
         f"check on {len(x)} samples through the merged graphs: max |passed tensors - before| {backbone:.1e}, "
@@ -223,7 +260,9 @@ def _check_and_time(plan, trained, exit_names, features, merged_paths, threads):
     return check, timings
 
 
-def _updated_manifest(plan, exit_names, val_accuracy, final_val, class_names, args, n_train, n_val, check) -> Manifest:
+def _updated_manifest(
+    plan, exit_names, val_accuracy, final_val, class_names, args, n_train, n_val, check
+) -> Manifest:
     from edgeserve.files import sha256_file
 
     manifest = plan.manifest
@@ -245,7 +284,11 @@ def _updated_manifest(plan, exit_names, val_accuracy, final_val, class_names, ar
         )
     exits = [ExitSpec(exit_names[k], k, val_accuracy[k]) for k in plan.split_stages]
     exits += [replace(e, accuracy=final_val) for e in manifest.exits if e.stage == plan.final_stage]
-    if class_names is None and manifest.class_names is not None and len(manifest.class_names) == plan.num_classes:
+    if (
+        class_names is None
+        and manifest.class_names is not None
+        and len(manifest.class_names) == plan.num_classes
+    ):
         class_names = manifest.class_names
     source = {
         **manifest.source,

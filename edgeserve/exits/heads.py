@@ -169,13 +169,17 @@ def attach_head(
             source = f"{prefix}/flat{i}"
         pooled.append(source)
     if len(pooled) > 1:
-        nodes.append(helper.make_node("Concat", pooled, [f"{prefix}/features"], name=f"{prefix}/concat", axis=1))
+        nodes.append(
+            helper.make_node("Concat", pooled, [f"{prefix}/features"], name=f"{prefix}/concat", axis=1)
+        )
         features = f"{prefix}/features"
     else:
         features = pooled[0]
     weight_name, bias_name = f"{prefix}/weight", f"{prefix}/bias"
     nodes.append(
-        helper.make_node("Gemm", [features, weight_name, bias_name], [output], name=f"{prefix}/gemm", transB=1)
+        helper.make_node(
+            "Gemm", [features, weight_name, bias_name], [output], name=f"{prefix}/gemm", transB=1
+        )
     )
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(

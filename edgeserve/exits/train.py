@@ -55,7 +55,7 @@ class Features:
     pooled: dict[int, np.ndarray]
     final: np.ndarray
     sample_x: np.ndarray
-    sample_passed: dict[str, np.ndarray]
+    sample_passed: dict[tuple[int, str], np.ndarray]  # (stage, name) -> the first batch's tensor
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,9 @@ def plan_exits(manifest: Manifest, output: str | None, force: bool) -> ExitPlan:
             f"`edgeserve import FILE.onnx --name {name} --split-at TENSOR[,TENSOR...]` (intermediate "
             "tensor names of the graph, shallow to deep), then run train-exits again"
         )
-    unbatched = [t.name for t in (model_input, *(t for s in manifest.stages for t in s.outputs)) if not t.batched]
+    unbatched = [
+        t.name for t in (model_input, *(t for s in manifest.stages for t in s.outputs)) if not t.batched
+    ]
     if unbatched:
         raise TrainExitsError(
             f"model {name!r}: {', '.join(unbatched)} has no batch dimension; exit heads need batched "
@@ -117,8 +119,9 @@ def plan_exits(manifest: Manifest, output: str | None, force: bool) -> ExitPlan:
         final = chosen[0]
     if len(final.shape) != 1 or final.shape[0] < 2 or final.dtype not in FLOAT_TYPES:
         raise TrainExitsError(
-            f"model {name!r}: output {final.name!r} is {final.dtype} of shape {list(final.shape)} per sample, "
-            "not class scores (classes,): train-exits is for classifiers; choose the scores with --output NAME"
+            f"model {name!r}: output {final.name!r} is {final.dtype} of shape {list(final.shape)} per "
+            "sample, not class scores (classes,): train-exits is for classifiers; choose the scores with "
+            "--output NAME"
         )
     num_classes = final.shape[0]
     if manifest.num_classes is not None and manifest.num_classes != num_classes:
@@ -151,7 +154,8 @@ def plan_exits(manifest: Manifest, output: str | None, force: bool) -> ExitPlan:
 def load_labelled(path: Path, plan: ExitPlan) -> LabelledData:
     """x and y (and class_names) from the .npz, checked against the model's input and classes."""
     spec = plan.input
-    want = f"x (N, {', '.join(map(str, spec.shape))}) {spec.dtype} and y (N,) int labels 0..{plan.num_classes - 1}"
+    shape = ", ".join(map(str, spec.shape))
+    want = f"x (N, {shape}) {spec.dtype} and y (N,) int labels 0..{plan.num_classes - 1}"
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as exc:
@@ -161,7 +165,9 @@ def load_labelled(path: Path, plan: ExitPlan) -> LabelledData:
             f"--data {path}: not a readable .npz ({exc}); write it with np.savez(FILE, x=..., y=...): {want}"
         ) from None
     if not hasattr(archive, "files"):
-        raise TrainExitsError(f"--data {path}: a single array, not an .npz; write np.savez(FILE, x=..., y=...): {want}")
+        raise TrainExitsError(
+            f"--data {path}: a single array, not an .npz; write np.savez(FILE, x=..., y=...): {want}"
+        )
     with archive:
         missing = [k for k in ("x", "y") if k not in archive.files]
         if missing:
@@ -177,7 +183,7 @@ def load_labelled(path: Path, plan: ExitPlan) -> LabelledData:
     if x.shape[1:] != spec.shape or x.ndim != len(spec.shape) + 1:
         raise TrainExitsError(
             f"--data {path}: x has shape {list(x.shape)}, model {plan.manifest.name!r} takes "
-            f"(N, {', '.join(map(str, spec.shape))}) (input {spec.name!r}); preprocess the samples to that shape"
+            f"(N, {shape}) (input {spec.name!r}); preprocess the samples to that shape"
         )
     if x.dtype != np.dtype(spec.dtype):
         raise TrainExitsError(
@@ -196,16 +202,17 @@ def load_labelled(path: Path, plan: ExitPlan) -> LabelledData:
     out = (y < 0) | (y >= plan.num_classes)
     if out.any():
         raise TrainExitsError(
-            f"--data {path}: {int(out.sum())} labels outside 0..{plan.num_classes - 1} (e.g. {int(y[out][0])}); "
-            f"the model's output {plan.final_output!r} has {plan.num_classes} classes, in its own order"
+            f"--data {path}: {int(out.sum())} labels outside 0..{plan.num_classes - 1} "
+            f"(e.g. {int(y[out][0])}); the model's output {plan.final_output!r} has {plan.num_classes} "
+            "classes, in its own order"
         )
     class_names = None
     if names is not None:
         class_names = tuple(str(n) for n in np.asarray(names).reshape(-1))
         if len(class_names) != plan.num_classes:
             raise TrainExitsError(
-                f"--data {path}: {len(class_names)} class_names for {plan.num_classes} classes; give one name "
-                "per class or leave class_names out"
+                f"--data {path}: {len(class_names)} class_names for {plan.num_classes} classes; give "
+                "one name per class or leave class_names out"
             )
     return LabelledData(x=x, y=y.astype(np.int64), class_names=class_names)
 
@@ -214,7 +221,7 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, n
     """Shuffled train and held-out indices; too few samples for either is an error."""
     if not 0.0 < val_fraction < 1.0:
         raise TrainExitsError(f"--val-fraction {val_fraction}: give a fraction between 0 and 1, e.g. 0.2")
-    n_val = int(round(n * val_fraction))
+    n_val = round(n * val_fraction)
     n_train = n - n_val
     if n_train < MIN_TRAIN or n_val < MIN_VAL:
         need = max(int(np.ceil(MIN_VAL / val_fraction)), int(np.ceil(MIN_TRAIN / (1 - val_fraction))))
@@ -235,8 +242,8 @@ def pool(tensor: np.ndarray) -> np.ndarray:
     return t.reshape(t.shape[0], t.shape[1], -1).mean(axis=2, dtype=np.float64).astype(np.float32)
 
 
-def head_features(plan: ExitPlan, stage: int, outputs: dict[str, np.ndarray]) -> np.ndarray:
-    return np.concatenate([pool(outputs[h.name]) for h in plan.heads[stage]], axis=1)
+def head_features(plan: ExitPlan, stage: int, outputs: dict[tuple[int, str], np.ndarray]) -> np.ndarray:
+    return np.concatenate([pool(outputs[stage, h.name]) for h in plan.heads[stage]], axis=1)
 
 
 class StageRunner:
@@ -254,8 +261,13 @@ class StageRunner:
             ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for p in paths
         ]
 
-    def run(self, x: np.ndarray, wanted: dict[int, list[str]], upto: int | None = None) -> dict[str, np.ndarray]:
-        """Run stages 0..upto on x; return the outputs named in `wanted[k]` for each stage k."""
+    def run(
+        self, x: np.ndarray, wanted: dict[int, list[str]], upto: int | None = None
+    ) -> dict[tuple[int, str], np.ndarray]:
+        """Run stages 0..upto on x; the outputs named in `wanted[k]`, keyed (k, name).
+
+        Keyed by stage too: chain stages (`edgeserve export`) all call their passed tensor `features`.
+        """
         fixed = self.manifest.batch
         n = len(x)
         if fixed is not None and n != fixed:
@@ -263,14 +275,22 @@ class StageRunner:
                 raise ValueError(f"batch of {n} for a graph with fixed batch {fixed}")
             x = np.concatenate([x, np.zeros((fixed - n, *x.shape[1:]), dtype=x.dtype)])
         env: dict[str, np.ndarray] = {self.manifest.inputs[0].name: x}
-        found: dict[str, np.ndarray] = {}
+        found: dict[tuple[int, str], np.ndarray] = {}
         last = len(self.manifest.stages) - 1 if upto is None else upto
+        passed: list[str] = []
         for stage, session in zip(self.manifest.stages[: last + 1], self.sessions, strict=False):
             names = list(dict.fromkeys([*stage.passes, *wanted.get(stage.index, [])]))
             feeds = {t.name: env[t.name] for t in stage.inputs}
+            if stage.index > 0 and len(stage.inputs) == 1 and stage.inputs[0].name not in passed:
+                # A chain stage (`edgeserve export`: every stage's input is called `x`) takes what the
+                # stage before it passes on, whatever the names.
+                previous = self.manifest.stages[stage.index - 1].passes
+                if len(previous) == 1:
+                    feeds = {stage.inputs[0].name: env[previous[0]]}
+            passed += stage.passes
             values = session.run(names, feeds)
             env.update(zip(names, values, strict=True))
-            found.update({k: env[k][:n] for k in wanted.get(stage.index, [])})
+            found.update({(stage.index, k): env[k][:n] for k in wanted.get(stage.index, [])})
         return found
 
 
@@ -293,15 +313,15 @@ def collect_features(
     step = batch_size if plan.manifest.batch is None else plan.manifest.batch
     pooled: dict[int, list[np.ndarray]] = {k: [] for k in plan.heads}
     finals: list[np.ndarray] = []
-    sample_passed: dict[str, np.ndarray] = {}
+    sample_passed: dict[tuple[int, str], np.ndarray] = {}
     for start in range(0, len(x), step):
         batch = x[start : start + step]
         outputs = runner.run(batch, wanted)
         if start == 0:
-            sample_passed = {name: outputs[name] for names in wanted.values() for name in names}
+            sample_passed = dict(outputs)
         for k in plan.heads:
             pooled[k].append(head_features(plan, k, outputs))
-        finals.append(np.asarray(outputs[plan.final_output], dtype=np.float32))
+        finals.append(np.asarray(outputs[plan.final_stage, plan.final_output], dtype=np.float32))
         if progress is not None:
             progress(len(batch))
     return Features(
