@@ -193,7 +193,7 @@ def train_exits_command(args: argparse.Namespace) -> int:
         f"{args.epochs} epochs); cost: one batch of {len(features.sample_x[:TIMED_BATCH])} through "
         "stages 0..k, and the stage graphs' bytes"
     )
-    print(_table(rows, timings[plan.final_stage], sum(sizes)))
+    print(_table(rows, timings[plan.final_stage]))
     print(check)
     print(
         f"{name}: wrote {len(splits)} exits ({', '.join(exit_names[k] for k in splits)}) into "
@@ -310,7 +310,7 @@ def _updated_manifest(
     )
 
 
-def _table(rows, final_ms: float, total_bytes: int) -> str:
+def _table(rows, final_ms: float) -> str:
     lines = [
         f"{'exit':<12} {'stage':>5} {'head in':>8} {'train':>7} {'held-out':>9} {'ms/batch':>9} "
         f"{'vs final':>8} {'KiB 0..k':>9}",
