@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = (
     "edgeserve.service.install",
     "edgeserve.service.doctor",
     "edgeserve.camera.cli",
+    "edgeserve.exits.cli",
 )
 
 
