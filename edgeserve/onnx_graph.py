@@ -147,6 +147,16 @@ def graph_tensors(sess: Any, path: Path) -> tuple[tuple[GraphTensor, ...], tuple
     )
 
 
+VALUES_KEY = "values"  # manifest.source entry: the --value constants, "sr=16000; ..."
+
+
+def recorded_values(manifest: Manifest) -> dict[str, float]:
+    """The --value constants the model was imported with: inputs that random values would break
+    (a sample rate, a class id), so profiling and warm-up feed them too."""
+    text = manifest.source.get(VALUES_KEY, "")
+    return dict(parse_value_option(part.strip()) for part in text.split(";") if part.strip())
+
+
 def parse_value_option(text: str) -> tuple[str, float]:
     """`INPUT=V` -> (name, V): the constant an input is filled with in the check runs."""
     name, sep, word = text.rpartition("=")
@@ -380,6 +390,16 @@ def _check_outputs(
         f"output(s) {', '.join(stray)} do not follow the batch ({batch} samples in): served at batch 1"
     )
     return [TensorSpec(s.name, d, s.dtype, batched=False) for s, d in zip(outs, full, strict=True)]
+
+
+def sample_batch(manifest: Manifest, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs as the runtime hands a batch to a backend: every input with the batch first
+    (an unbatched input with a batch of 1), --value constants applied."""
+    specs = manifest.inputs
+    size = batch if all(t.batched for t in specs) else 1
+    full = {t.name: t.shape for t in specs}
+    feeds = random_inputs(specs, full, size, seed=seed, values=recorded_values(manifest))
+    return {t.name: feeds[t.name] if t.batched else feeds[t.name][None] for t in specs}
 
 
 def random_inputs(

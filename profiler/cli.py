@@ -27,7 +27,7 @@ from edgeserve.profiler.evaluate import (
     load_eval_data,
     write_accuracies,
 )
-from edgeserve.profiler.measure import MeasureSettings, measure_model
+from edgeserve.profiler.measure import MeasureSettings, batch_limit, measure_model
 from edgeserve.profiler.report import DEFAULT_CV_THRESHOLD, format_noisy, format_table, noisy_cells
 from edgeserve.repository import ModelRepository, check_model_name, default_root
 from edgeserve.runtime.backends.base import Backend
@@ -217,7 +217,7 @@ def _cached_profile(
     except ProfileError as exc:
         _note(f"{manifest.name}: not reusing the stored profile: {exc}")
         return None
-    if not settings.matches(table.settings) or table.max_batch != settings.max_batch:
+    if not settings.matches(table.settings) or table.max_batch != batch_limit(manifest, settings):
         _note(
             f"{manifest.name}: the stored profile was measured with other settings "
             f"({table.settings}); measuring again"
@@ -229,9 +229,10 @@ def _cached_profile(
 def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) -> ProfileTable:
     from tqdm import tqdm
 
-    cells = len(manifest.exits) * settings.max_batch
+    largest = batch_limit(manifest, settings)
+    cells = len(manifest.exits) * largest
     _note(
-        f"profiling {manifest.name}: {len(manifest.exits)} exits x batch 1..{settings.max_batch} "
+        f"profiling {manifest.name}: {len(manifest.exits)} exits x batch 1..{largest} "
         f"= {cells} cells, "
         f"{settings.warmup} warm-up + {settings.repeats} timed runs each"
     )
@@ -307,7 +308,7 @@ def profile_command(args: argparse.Namespace) -> int:
                     backend.load(manifest)
                 _note(f"evaluating {manifest.name} on {eval_data.name}")
                 result.accuracies = exit_accuracies(
-                    backend, manifest, eval_data, batch_size=settings.max_batch
+                    backend, manifest, eval_data, batch_size=batch_limit(manifest, settings)
                 )
                 result.manifest, result.manifest_path = write_accuracies(
                     repository, manifest, result.accuracies, eval_data.name

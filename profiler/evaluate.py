@@ -52,17 +52,31 @@ def load_eval_data(path: Path) -> EvalData:
     return EvalData(x=x, y=y.astype(np.int64), name=f"{Path(path).name} ({len(y)} samples, sha256 {digest})")
 
 
+def class_count(manifest: Manifest) -> int | None:
+    """The classes a model tells apart: num_classes, else the width of a final output shaped (C,)."""
+    if manifest.num_classes is not None:
+        return manifest.num_classes
+    final = manifest.exit_outputs(len(manifest.exits) - 1)
+    return final[0].shape[0] if len(final[0].shape) == 1 and final[0].shape[0] > 0 else None
+
+
 def check_fits(data: EvalData, manifest: Manifest, origin: str) -> None:
     """Fail before any measuring if the eval data cannot be fed to this model."""
+    classes = class_count(manifest)
+    if len(manifest.inputs) != 1 or classes is None:
+        raise InputError(
+            f"{origin}: --eval measures top-1 accuracy of single-input classifiers (one output of class "
+            f"scores per exit); model {manifest.name!r} is not one: profile it without --eval"
+        )
     if tuple(data.x.shape[1:]) != manifest.input.shape:
         raise InputError(
             f"{origin}: samples are shaped {tuple(data.x.shape[1:])}, model {manifest.name!r} takes "
             f"{manifest.input.shape}; pass eval data preprocessed for this model"
         )
-    if data.y.min() < 0 or data.y.max() >= manifest.num_classes:
+    if data.y.min() < 0 or data.y.max() >= classes:
         raise InputError(
             f"{origin}: labels span {data.y.min()}..{data.y.max()}, model {manifest.name!r} has "
-            f"{manifest.num_classes} classes (0..{manifest.num_classes - 1})"
+            f"{classes} classes (0..{classes - 1})"
         )
 
 

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-import numpy as np
-
 from edgeserve.manifest import Manifest
+from edgeserve.onnx_graph import sample_batch
 from edgeserve.profile import ProfileCell, ProfileTable
 from edgeserve.runtime.backends.base import Backend
+from edgeserve.runtime.validation import Feeds
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,7 @@ class MeasureSettings:
         return all(recorded.get(k) == v for k, v in self.to_dict().items())
 
 
-def time_cell(
-    backend: Backend, model: str, exit: int, x: np.ndarray, repeats: int, warmup: int
-) -> list[float]:
+def time_cell(backend: Backend, model: str, exit: int, x: Feeds, repeats: int, warmup: int) -> list[float]:
     """Latencies in milliseconds of `repeats` back-to-back runs, after `warmup` untimed ones.
 
     The garbage collector is off while timing, so no collection lands inside a sample; a full
@@ -66,6 +64,12 @@ def time_cell(
     return [s / 1e6 for s in samples]
 
 
+def batch_limit(manifest: Manifest, settings: MeasureSettings) -> int:
+    """The largest batch to measure: --max-batch, or less where the graphs take less (a fixed
+    batch dimension; tensors without one: one sample at a time)."""
+    return min(settings.max_batch, manifest.max_batch or settings.max_batch)
+
+
 def measure_model(
     backend: Backend,
     manifest: Manifest,
@@ -77,13 +81,12 @@ def measure_model(
     `on_cell(exit, batch)` is called after each cell (the CLI's progress bar).
     """
     fingerprint = backend.fingerprint()
-    rng = np.random.default_rng(settings.seed)
-    shape = (settings.max_batch, *manifest.input.shape)
-    inputs = rng.standard_normal(shape).astype(np.dtype(manifest.input.dtype))
+    largest = batch_limit(manifest, settings)
+    inputs = sample_batch(manifest, largest, settings.seed)
     table = ProfileTable(
         model=manifest.name,
         exit_names=tuple(manifest.exit_names),
-        max_batch=settings.max_batch,
+        max_batch=largest,
         fingerprint=fingerprint,
         graphs_sha256=manifest.graphs_sha256(),
         settings={**settings.to_dict(), "threads": fingerprint.threads},
@@ -91,10 +94,9 @@ def measure_model(
     )
     gc.collect()
     for exit in range(len(manifest.exits)):
-        for batch in range(1, settings.max_batch + 1):
-            samples = time_cell(
-                backend, manifest.name, exit, inputs[:batch], settings.repeats, settings.warmup
-            )
+        for batch in range(1, largest + 1):
+            x = {name: value[:batch] for name, value in inputs.items()}
+            samples = time_cell(backend, manifest.name, exit, x, settings.repeats, settings.warmup)
             table.add(ProfileCell.from_samples(exit, batch, samples))
             if on_cell is not None:
                 on_cell(exit, batch)

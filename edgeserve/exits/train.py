@@ -277,17 +277,9 @@ class StageRunner:
         env: dict[str, np.ndarray] = {self.manifest.inputs[0].name: x}
         found: dict[tuple[int, str], np.ndarray] = {}
         last = len(self.manifest.stages) - 1 if upto is None else upto
-        passed: list[str] = []
         for stage, session in zip(self.manifest.stages[: last + 1], self.sessions, strict=False):
             names = list(dict.fromkeys([*stage.passes, *wanted.get(stage.index, [])]))
-            feeds = {t.name: env[t.name] for t in stage.inputs}
-            if stage.index > 0 and len(stage.inputs) == 1 and stage.inputs[0].name not in passed:
-                # A chain stage (`edgeserve export`: every stage's input is called `x`) takes what the
-                # stage before it passes on, whatever the names.
-                previous = self.manifest.stages[stage.index - 1].passes
-                if len(previous) == 1:
-                    feeds = {stage.inputs[0].name: env[previous[0]]}
-            passed += stage.passes
+            feeds = {name: env[source] for name, source in stage.feeds}
             values = session.run(names, feeds)
             env.update(zip(names, values, strict=True))
             found.update({(stage.index, k): env[k][:n] for k in wanted.get(stage.index, [])})

@@ -198,6 +198,8 @@ def import_model(
     if shapes:
         info["shapes"] = "; ".join(f"{k}={','.join('N' if d is None else str(d) for d in v)}"
                                    for k, v in shapes.items())  # fmt: skip
+    if values:
+        info[onnx_graph.VALUES_KEY] = "; ".join(f"{k}={v}" for k, v in values.items())
     inference = onnx_graph.infer(source, name, shapes, values=values, source=info)
     manifest = inference.manifest
     notes += inference.notes

@@ -435,9 +435,13 @@ class OipFrontend:
         expected = "; ".join(f"{t.name!r}: {_expected(t)}" for t in inputs)
         given = {t.name: t for t in request.inputs}
         if len(given) != len(request.inputs) or sorted(given) != sorted(t.name for t in inputs):
-            names = [t.name for t in request.inputs]
+            names = ", ".join(clip(t.name) for t in request.inputs[:8]) or "none"
+            if len(inputs) == 1 and len(request.inputs) == 1:
+                raise OipRequestError(
+                    400, f"model {model!r} has one input named {inputs[0].name!r}, got {names} ({expected})"
+                )
             raise OipRequestError(
-                400, f"model {model!r} takes the inputs {expected} (1 <= N <= {limit}), got {clip(names)}"
+                400, f"model {model!r} takes the inputs {expected} (1 <= N <= {limit}), got {names}"
             )
         rows: set[int] = set()
         for spec in inputs:

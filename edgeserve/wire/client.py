@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -34,6 +34,8 @@ from edgeserve.wire.frames import HEADER, PROTOCOL_VERSION, ProtocolError, decod
 from edgeserve.wire.tensors import decode_tensor, encode_tensor
 
 T = TypeVar("T")
+# One request's input: an array, or a map from input name to array (a model with several inputs).
+Sample = np.ndarray | Mapping[str, np.ndarray]
 CLIENT_MAX_FRAME = 256 * 1024 * 1024
 
 
@@ -57,6 +59,7 @@ class Reply:
     priority: int | None = None
     error: str | None = None
     served_by: str = "local"  # or the name of the upstream that computed the output (docs/offload.md)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # every output by name
 
     @property
     def ok(self) -> bool:
@@ -79,6 +82,7 @@ class Reply:
             priority=message.get("priority"),
             error=message.get("error"),
             served_by=str(message.get("served_by") or "local"),
+            outputs={str(k): decode_tensor(v) for k, v in (message.get("outputs") or {}).items()},
         )
 
 
@@ -253,23 +257,23 @@ class AsyncClient:
     def send(
         self,
         model: str,
-        x: np.ndarray,
+        x: Sample,
         *,
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
         priority: int | None = None,
     ) -> asyncio.Future[Reply]:
         """Write one request now (or, with the window full, as soon as an answer frees a slot) and
-        return the future of its Reply (pipelining without awaiting)."""
+        return the future of its Reply (pipelining without awaiting). `x` is one sample: an array,
+        or a map from input name to array for a model with several inputs."""
         if self._closed_error is not None:
             raise self._closed_error
         request_id = next(self._ids)
-        message: dict[str, Any] = {
-            "type": "infer",
-            "id": request_id,
-            "model": model,
-            "tensor": encode_tensor(x),
-        }
+        message: dict[str, Any] = {"type": "infer", "id": request_id, "model": model}
+        if isinstance(x, Mapping):
+            message["inputs"] = {str(k): encode_tensor(np.asarray(v)) for k, v in x.items()}
+        else:
+            message["tensor"] = encode_tensor(x)
         if deadline_ms is not None:
             message["deadline_ms"] = float(deadline_ms)
         if capture_ts is not None:
@@ -284,7 +288,7 @@ class AsyncClient:
     async def infer(
         self,
         model: str,
-        x: np.ndarray,
+        x: Sample,
         *,
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
@@ -344,11 +348,11 @@ class BlockingClient:
     def models(self) -> dict[str, Any]:
         return self._client.models
 
-    def submit(self, model: str, x: np.ndarray, **options: Any) -> concurrent.futures.Future[Reply]:
+    def submit(self, model: str, x: Sample, **options: Any) -> concurrent.futures.Future[Reply]:
         """Send now; the Future resolves to the Reply."""
         return asyncio.run_coroutine_threadsafe(self._client.infer(model, x, **options), self._loop)
 
-    def infer(self, model: str, x: np.ndarray, *, timeout: float | None = None, **options: Any) -> Reply:
+    def infer(self, model: str, x: Sample, *, timeout: float | None = None, **options: Any) -> Reply:
         """Send one request and wait for its Reply (TimeoutError after `timeout` seconds)."""
         return self.submit(model, x, **options).result(timeout)
 

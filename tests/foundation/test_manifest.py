@@ -73,8 +73,8 @@ def test_wrong_schema_version_is_refused_with_the_fix(tiny_repository: TinyRepos
 def test_manifest_missing_a_key_names_the_key_and_the_file(tiny_repository: TinyRepository) -> None:
     path = tiny_repository.repository.manifest_path("tiny_b")
     data = json.loads(path.read_text())
-    del data["num_classes"]
+    del data["exits"]
     path.write_text(json.dumps(data))
-    with pytest.raises(RepositoryError, match="num_classes") as err:
+    with pytest.raises(RepositoryError, match="exits") as err:
         tiny_repository.repository.load_manifest("tiny_b")
     assert str(path) in str(err.value)

@@ -29,7 +29,8 @@ from edgeserve.wire.frames import HEADER, encode_frame
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 EXAMPLE = re.compile(r"<!-- example: ([\w-]+)(?:; nullable: ([^>]*?))? -->\s*```json\n(.*?)```", re.DOTALL)
 BIN = "<bin>"
-NAMED_MAPS = {"models"}  # maps from a name (any key) to entries shaped like the doc's one entry
+# maps from a name (any key) to entries shaped like the doc's one entry
+NAMED_MAPS = {"models", "models.*.inputs", "models.*.outputs", "outputs"}
 
 
 def _examples() -> dict[str, tuple[Any, set[str]]]:

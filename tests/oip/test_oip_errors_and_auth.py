@@ -127,14 +127,17 @@ class NonFiniteFactory(HookedFactory):
 
     def __call__(self, repository: Any, config: Any) -> HookedBackend:
         backend = super().__call__(repository, config)
-        run = backend.run
+        run = backend.run_outputs
 
-        def non_finite(model: str, exit: int, batch: np.ndarray) -> np.ndarray:
-            out = np.array(run(model, exit, batch), dtype=np.float32, copy=True)
-            out[:, :3] = [np.nan, np.inf, -np.inf]
-            return out
+        def non_finite(model: str, exit: int, batch: np.ndarray) -> dict[str, np.ndarray]:
+            outputs = {
+                k: np.array(v, dtype=np.float32, copy=True) for k, v in run(model, exit, batch).items()
+            }
+            for out in outputs.values():
+                out[:, :3] = [np.nan, np.inf, -np.inf]
+            return outputs
 
-        backend.run = non_finite  # type: ignore[method-assign]
+        backend.run_outputs = non_finite  # type: ignore[method-assign]
         return backend
 
 

@@ -21,6 +21,7 @@ import onnxruntime as ort
 from edgeserve.errors import BackendUnavailableError, InputError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest, StageSpec, TensorSpec
+from edgeserve.onnx_graph import sample_batch
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.validation import Feeds, loaded_model, validate_exit, validate_feeds
 
@@ -166,7 +167,7 @@ def graph_feeds(manifest: Manifest, feeds: dict[str, np.ndarray]) -> tuple[dict[
                     f"model {manifest.name!r} takes {spec.name!r} without a batch dimension, so it runs "
                     f"one sample at a time, not {size}"
                 )
-            array = array[0]
+            array = array[0, ...]  # a 0-d array, not a numpy scalar, for a scalar input
         elif fixed is not None and size != fixed:
             if size > fixed:
                 raise InputError(f"model {manifest.name!r} runs batches of exactly {fixed}, not {size}")
@@ -244,10 +245,7 @@ class OnnxRuntimeBackend:
             return
         largest = manifest.max_batch
         for batch in WARMUP_BATCHES if largest is None else (largest,):
-            feeds = {
-                t.name: np.zeros((1 if not t.batched else batch, *t.shape), dtype=np.dtype(t.dtype))
-                for t in manifest.inputs
-            }
+            feeds = sample_batch(manifest, batch)
             for exit in range(len(manifest.exits)):
                 for _ in range(self.warmup):
                     self.run_outputs(manifest.name, exit, feeds)
