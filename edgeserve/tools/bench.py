@@ -112,11 +112,28 @@ def default_ratios(n: int) -> tuple[float, ...]:
     return PAPER_RATIOS if n == 3 else (1.0,) * n
 
 
-def _inputs(spec: dict[str, Any], rng: np.random.Generator) -> list[np.ndarray]:
-    shape, dtype = tuple(spec["input"]["shape"]), np.dtype(spec["input"]["dtype"])
-    if dtype.kind == "f":
-        return [rng.standard_normal(shape).astype(dtype) for _ in range(INPUT_POOL)]
-    return [rng.integers(0, 255, size=shape).astype(dtype) for _ in range(INPUT_POOL)]
+def synthetic_inputs(spec: dict[str, Any], count: int, rng: np.random.Generator) -> list[Any]:
+    """`count` random samples for a model as the hello reply describes it (`spec`): an array for a
+    model with one input, else a map from input name to array. Floats are standard normal, bools
+    random, integers small (0..255): a model that needs particular values (a sample rate) needs
+    real inputs instead."""
+    tensors = spec.get("inputs") or {"x": spec["input"]}
+
+    def one(entry: dict[str, Any]) -> np.ndarray:
+        shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
+        if dtype.kind == "f":
+            return rng.standard_normal(shape).astype(dtype)
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(bool)
+        return rng.integers(0, 255, size=shape).astype(dtype)
+
+    if len(tensors) == 1:
+        return [one(next(iter(tensors.values()))) for _ in range(count)]
+    return [{name: one(entry) for name, entry in tensors.items()} for _ in range(count)]
+
+
+def _inputs(spec: dict[str, Any], rng: np.random.Generator) -> list[Any]:
+    return synthetic_inputs(spec, INPUT_POOL, rng)
 
 
 async def run_bench(

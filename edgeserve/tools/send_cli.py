@@ -15,13 +15,17 @@ examples:
   edgeserve send --target tcp://127.0.0.1:7070 --model digits-m --npy samples.npy --deadline-ms 20
   edgeserve send --target unix:///run/edgeserve.sock --model digits-m --image frame.jpg --capture-now
 
+--npz takes one array per input, named as the model's inputs (the hello reply lists them; numpy.savez
+names them with keywords), each one sample or a stack of N; an input without a batch dimension is given
+whole and repeated for every sample.
 --npy takes one sample shaped like the model input, or a stack of them (N, ...); another float dtype
 (float64 from numpy) is converted to the model's with a note; uint8 arrays shaped (H, W, C) are sent
 as camera frames. --image decodes a picture (needs Pillow) to uint8 in the channels the server's
 [models.<name>.preprocess] table names (rgb, bgr or gray) and sends it as a camera frame.
 At most the server's window (hello max_in_flight, listen.max_in_flight) is in flight at once; the
 rest wait in the client, so a long --synthetic run is not answered `rejected`.
-One line per answer: id, status, exit, top-1 class and its logit, client latency.
+One line per answer: id, status, exit, top-1 class and its logit (for a model whose output is one vector
+of class scores; else each output's name and shape), client latency.
 """
 
 
@@ -39,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", type=Path, help="an image file (PNG, JPEG, ...), sent as a camera frame")
     source.add_argument("--npy", type=Path, help="a .npy file: one sample or a stack of samples")
+    source.add_argument(
+        "--npz", type=Path, help="a .npz file with one array per input name (a model with several inputs)"
+    )
     source.add_argument("--synthetic", type=int, metavar="N", help="N random inputs of the model's shape")
     parser.add_argument("--deadline-ms", type=float, help="budget per request (default: the model's SLO)")
     parser.add_argument(
@@ -80,12 +87,20 @@ def _inputs(args: argparse.Namespace, spec: dict[str, Any]) -> list[Any]:
     import numpy as np
 
     from edgeserve.errors import InputError
+    from edgeserve.tools.bench import synthetic_inputs
 
+    if args.synthetic is not None:
+        return synthetic_inputs(spec, args.synthetic, np.random.default_rng(0))
+    if args.npz is not None:
+        return _npz(args.npz, spec)
+    if spec.get("input") is None:
+        names = ", ".join(spec.get("inputs") or {})
+        raise InputError(
+            f"{args.model!r} takes several inputs ({names}): send them with --npz FILE (one array per "
+            "input name) or --synthetic N"
+        )
     shape = tuple(spec["input"]["shape"])
     dtype = np.dtype(spec["input"]["dtype"])
-    if args.synthetic is not None:
-        rng = np.random.default_rng(0)
-        return list(rng.standard_normal((args.synthetic, *shape)).astype(dtype))
     if args.image is not None:
         return _image(args.image, spec.get("camera_input"), args.model)
     try:
@@ -109,13 +124,64 @@ def _inputs(args: argparse.Namespace, spec: dict[str, Any]) -> list[Any]:
     )
 
 
+def _npz(path: Path, spec: dict[str, Any]) -> list[Any]:
+    """Samples from one array per input: each one sample, or a stack of the same N."""
+    import numpy as np
+
+    from edgeserve.errors import InputError
+
+    tensors = spec.get("inputs") or {"x": spec["input"]}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"--npz {path}: not a readable .npz file ({exc}); write one with numpy.savez"
+        ) from None
+    if sorted(arrays) != sorted(tensors):
+        raise InputError(
+            f"--npz {path}: holds {sorted(arrays)}, the model takes {sorted(tensors)}; name the arrays as "
+            f"its inputs, e.g. numpy.savez(path, {', '.join(f'{n}=...' for n in tensors)})"
+        )
+    whole: dict[str, Any] = {}  # one sample (or an unbatched input): repeated for every sample
+    stacked: dict[str, Any] = {}
+    for name, entry in tensors.items():
+        shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
+        array = arrays[name]
+        if array.dtype != dtype:
+            raise InputError(f"--npz {path}: {name!r} is {array.dtype}, the model takes {dtype}")
+        if tuple(array.shape) == shape:
+            whole[name] = array
+        elif array.ndim == len(shape) + 1 and tuple(array.shape[1:]) == shape:
+            stacked[name] = array
+        else:
+            raise InputError(
+                f"--npz {path}: {name!r} is shaped {array.shape}, the model takes {shape} or (N, *{shape})"
+            )
+    counts = {len(a) for a in stacked.values()}
+    if len(counts) > 1:
+        raise InputError(f"--npz {path}: the stacked inputs have different N {sorted(counts)}")
+    count = counts.pop() if counts else 1
+    samples = [{**whole, **{n: a[i] for n, a in stacked.items()}} for i in range(count)]
+    return [next(iter(s.values())) for s in samples] if len(tensors) == 1 else samples
+
+
+def _describe(reply: Any) -> str:
+    """The top class of a vector of class scores; else every output's name, shape and dtype."""
+    outputs = reply.outputs or {"output": reply.output}
+    if len(outputs) == 1 and reply.output.ndim == 1 and reply.output.dtype.kind == "f":
+        top = int(reply.output.argmax())
+        return f"class {top} ({float(reply.output[top]):.3f})"
+    return " ".join(f"{name}{list(v.shape)} {v.dtype}" for name, v in outputs.items())
+
+
 def check_args(args: argparse.Namespace) -> None:
     """What can be checked before connecting: the options, the files and the optional modules."""
     from edgeserve.errors import InputError, require_module
 
     if args.synthetic is not None and args.synthetic < 1:
         raise InputError(f"--synthetic {args.synthetic}: give at least 1 input")
-    for option, path in (("--image", args.image), ("--npy", args.npy)):
+    for option, path in (("--image", args.image), ("--npy", args.npy), ("--npz", args.npz)):
         if path is not None and not path.is_file():
             raise InputError(f"{option} {path}: no such file; check the path")
     if args.image is not None:
@@ -155,8 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 ) from None
             ms = (finished.get(k, time.perf_counter()) - t0) * 1000.0
             if reply.ok and reply.output is not None:
-                top = int(reply.output.argmax())
-                detail = f"exit {reply.exit_name} class {top} ({float(reply.output[top]):.3f})"
+                detail = f"exit {reply.exit_name} {_describe(reply)}"
                 detail += " LATE" if reply.late else ""
             else:
                 failed += 1

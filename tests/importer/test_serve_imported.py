@@ -154,3 +154,34 @@ def test_a_model_with_several_inputs_refuses_a_bare_tensor_and_names_its_inputs(
     assert "input, sr, state" in (bare.error or "") or "input, state, sr" in (bare.error or "")
     assert "state" in (missing.error or "")
     assert "'sr'" in (wrong.error or "") and "int64" in (wrong.error or "")
+
+
+def test_send_takes_several_inputs_from_an_npz_and_prints_every_output(
+    imported: Path, tmp_path: Path
+) -> None:
+    base = {
+        "repository": str(imported),
+        "backend": {"name": "onnxruntime", "threads": 1, "warmup": 0},
+        "models": {"vad": {"slo_ms": 10_000}, "text-det": {"slo_ms": 10_000}},
+    }
+    x = _samples(ModelRepository(imported), "vad")[0]
+    npz = tmp_path / "vad.npz"
+    np.savez(npz, input=np.stack([x["input"], x["input"]]), state=x["state"], sr=x["sr"])
+    with server_thread(net_config(base, tmp_path)) as server:
+        rc, out, err = edgeserve("send", "--target", server.unix_url, "--model", "vad", "--npz", npz)
+        assert rc == 0, err
+        lines = out.strip().splitlines()
+        assert len(lines) == 2 and all(
+            " ok " in line and "stateN[2, 1, 128] float32" in line for line in lines
+        )
+        rc, _, err = edgeserve("send", "--target", server.unix_url, "--model", "vad", "--npy", npz)
+        assert (
+            rc == 1
+            and "--npz" in err
+            and "input, state, sr" in err.replace("input, sr, state", "input, state, sr")
+        )
+        rc, out, err = edgeserve(
+            "send", "--target", server.unix_url, "--model", "text-det", "--synthetic", "2"
+        )
+        assert rc == 0, err
+        assert out.count("sigmoid_0.tmp_0[1, 96, 128] float32") == 2
