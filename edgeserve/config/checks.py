@@ -60,19 +60,38 @@ def non_negative_number(value: Any, key: str) -> float:
     return float(value)
 
 
-def preprocess_problem(name: str, preprocess: Any, shape: tuple[int, ...]) -> str | None:
+IMAGE_DTYPES = ("float32", "float16", "float64", "uint8")
+
+
+def image_layout(shape: tuple[int, ...]) -> str | None:
+    """ "chw" or "hwc" for an image input of 1 or 3 channels (channels first when both could be),
+    None for anything else."""
+    if len(shape) != 3:
+        return None
+    if shape[0] in (1, 3):
+        return "chw"
+    return "hwc" if shape[2] in (1, 3) else None
+
+
+def preprocess_problem(
+    name: str, preprocess: Any, shape: tuple[int, ...], dtype: str = "float32", inputs: int = 1
+) -> str | None:
     """Why `[models.<name>.preprocess]` cannot turn a camera frame into the input `shape`, or None.
 
     The same rules the request path applies (net/preprocess.py), checked once at start-up so a
     config that can never work is refused before it serves, naming the model and both shapes.
     """
     key = f"models.{name}.preprocess"
-    if len(shape) != 3 or shape[0] not in (1, 3):
+    layout = (
+        None if len(shape) != 3 else ("chw" if shape[0] in (1, 3) else "hwc" if shape[2] in (1, 3) else None)
+    )
+    if inputs != 1 or layout is None or dtype not in ("float32", "float16", "float64", "uint8"):
+        what = f"{inputs} inputs" if inputs != 1 else f"{dtype} input {list(shape)}"
         return (
-            f"{key}: model {name!r} takes input {list(shape)}, not an image (1 or 3, H, W); "
-            "remove the preprocess table and send tensors"
+            f"{key}: model {name!r} takes {what}, not one image ((1 or 3, H, W) or (H, W, 1 or 3), float "
+            "or uint8); remove the preprocess table and send tensors"
         )
-    channels, height, width = shape
+    channels, height, width = shape if layout == "chw" else (shape[2], shape[0], shape[1])
     if preprocess.resize is not None and tuple(preprocess.resize) != (height, width):
         h, w = preprocess.resize
         return (
@@ -106,6 +125,9 @@ def check_preprocess(models: Mapping[str, Any], repository: Any) -> None:
             manifest = repo.load_manifest(name, verify=False)
         except EdgeServeError:
             continue
-        problem = preprocess_problem(name, model.preprocess, tuple(manifest.input.shape))
+        first = manifest.inputs[0]
+        problem = preprocess_problem(
+            name, model.preprocess, tuple(first.shape), first.dtype, len(manifest.inputs)
+        )
         if problem is not None:
             raise ConfigError(problem)

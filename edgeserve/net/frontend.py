@@ -648,9 +648,9 @@ class Connection(asyncio.Protocol):
         try:
             pre = server.config.models[request.model].preprocess
             assert pre is not None
-            shape = tuple(server.manifest(request.model).input.shape)
+            spec = server.manifest(request.model).input
             try:
-                x = await asyncio.to_thread(preprocess_frame, request.sample, pre, shape)
+                x = await asyncio.to_thread(preprocess_frame, request.sample, pre, spec.shape, spec.dtype)
             except PreprocessError as exc:
                 reply(Result(Status.INVALID, request.model, error=str(exc)))
                 return

@@ -1,13 +1,16 @@
-"""Camera frames (uint8, height x width x channels) to a model's NCHW float32 input, in numpy.
+"""Camera frames (uint8, height x width x channels) to a model's image input, in numpy.
 
-No OpenCV dependency: nearest and bilinear resizing are a few index computations, fast enough
-for the small inputs edge models take. The steps follow the model's `[preprocess]` config.
+The input is (C, H, W) or (H, W, C) with 1 or 3 channels (`image_layout`), float (scaled and
+normalised as the `[preprocess]` config says) or uint8 (the resized pixels as they are: a graph
+that normalises inside). No OpenCV dependency: nearest and bilinear resizing are a few index
+computations, fast enough for the small inputs edge models take.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from edgeserve.config.checks import IMAGE_DTYPES, image_layout
 from edgeserve.config.server import PreprocessConfig
 
 
@@ -36,11 +39,20 @@ def resize(frame: np.ndarray, height: int, width: int, interpolation: str = "bil
     return top * (1 - wy) + bottom * wy
 
 
-def preprocess_frame(frame: np.ndarray, config: PreprocessConfig, input_shape: tuple[int, ...]) -> np.ndarray:
-    """One uint8 HWC frame -> the model's (C, H, W) float32 sample."""
-    if len(input_shape) != 3:
-        raise PreprocessError(f"camera preprocessing needs an image model (C, H, W), not {input_shape}")
-    want_c, want_h, want_w = input_shape
+def preprocess_frame(
+    frame: np.ndarray, config: PreprocessConfig, input_shape: tuple[int, ...], dtype: str = "float32"
+) -> np.ndarray:
+    """One uint8 HWC frame -> the model's sample: (C, H, W) or (H, W, C), of its dtype."""
+    layout = image_layout(input_shape)
+    if layout is None or dtype not in IMAGE_DTYPES:
+        raise PreprocessError(
+            f"camera preprocessing needs an image input ((C, H, W) or (H, W, C) with 1 or 3 channels, "
+            f"{'/'.join(IMAGE_DTYPES)}), not {dtype} {input_shape}"
+        )
+    if layout == "chw":
+        want_c, want_h, want_w = input_shape
+    else:
+        want_h, want_w, want_c = input_shape
     sent_c = 1 if config.channels == "gray" else 3
     if frame.dtype != np.uint8:
         raise PreprocessError(f"camera frames must be uint8, got {frame.dtype}")
@@ -65,7 +77,12 @@ def preprocess_frame(frame: np.ndarray, config: PreprocessConfig, input_shape: t
         image = np.repeat(image, 3, axis=2)
     elif image.shape[2] != want_c:
         raise PreprocessError(f"the model takes {want_c} channels; frames have {image.shape[2]}")
-    mean = np.asarray(config.mean, dtype=np.float32)
-    std = np.asarray(config.std, dtype=np.float32)
-    image = (image * np.float32(config.scale) - mean) / std
-    return np.ascontiguousarray(image.transpose(2, 0, 1), dtype=np.float32)
+    if dtype == "uint8":
+        image = np.clip(np.rint(image), 0, 255)
+    else:
+        mean = np.asarray(config.mean, dtype=np.float32)
+        std = np.asarray(config.std, dtype=np.float32)
+        image = (image * np.float32(config.scale) - mean) / std
+    if layout == "chw":
+        image = image.transpose(2, 0, 1)
+    return np.ascontiguousarray(image, dtype=np.dtype(dtype))

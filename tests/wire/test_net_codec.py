@@ -99,3 +99,20 @@ def test_camera_frame_becomes_normalised_nchw_in_rgb_order() -> None:
         preprocess_frame(frame[:, :, :2], config, (3, 2, 3))
     with pytest.raises(PreprocessError, match="does not match the model's 2x3"):
         preprocess_frame(frame, PreprocessConfig(resize=(5, 5)), (3, 2, 3))
+
+
+def test_preprocessing_fits_channels_last_and_uint8_image_inputs() -> None:
+    """Imported graphs take (H, W, C) images, and some take uint8 pixels they normalise themselves."""
+    frame = (np.arange(4 * 6 * 3) % 251).astype(np.uint8).reshape(4, 6, 3)
+    config = PreprocessConfig(mean=(0.5,), std=(0.5,))
+    hwc = preprocess_frame(frame, config, (4, 6, 3))
+    chw = preprocess_frame(frame, config, (3, 4, 6))
+    assert hwc.shape == (4, 6, 3) and np.array_equal(hwc, chw.transpose(1, 2, 0))
+    pixels = preprocess_frame(frame, config, (4, 6, 3), "uint8")
+    assert pixels.dtype == np.uint8 and np.array_equal(pixels, frame)
+    half = preprocess_frame(frame, config, (3, 4, 6), "float16")
+    assert half.dtype == np.float16 and np.allclose(half, chw, atol=1e-3)
+    with pytest.raises(PreprocessError, match="image input"):
+        preprocess_frame(frame, config, (4, 6, 5))
+    with pytest.raises(PreprocessError, match="image input"):
+        preprocess_frame(frame, config, (3, 4, 6), "int64")
