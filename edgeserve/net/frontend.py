@@ -120,15 +120,15 @@ def result_message(request_id: int, result: Result, priority: int | None) -> dic
         }
     queued, start, end = result.queued, result.start, result.end
     status = result.status
+    outputs = None if result.outputs is None else {k: output_field(v) for k, v in result.outputs.items()}
+    output = output_field(result.output) if not outputs else next(iter(outputs.values()))  # encoded once
     return {
         "type": "result",
         "id": request_id,
         "status": status.value,
         "model": result.model,
-        "output": output_field(result.output),
-        "outputs": None
-        if result.outputs is None
-        else {k: output_field(v) for k, v in result.outputs.items()},
+        "output": output,
+        "outputs": outputs,
         "exit": exit_info,
         "late": status is Status.OK and end > result.deadline,
         "served_by": result.served_by,

@@ -453,7 +453,7 @@ class Server:
         assert budget_ms is not None  # checked by timing_problem
         return budget_ms / 1000.0, None
 
-    def _sample(self, m: int, x: object) -> tuple[Sample, str | None]:
+    def _sample(self, m: int, x: Any) -> tuple[Any, str | None]:
         """(the sample as the executor stacks it, None) or (x, what is wrong with it).
 
         A single-input model takes the bare array, or a one-entry map naming its input; a model
@@ -471,10 +471,10 @@ class Server:
         name = self._names[m]
         inputs = self._manifests[m].inputs
         if single is None or isinstance(x, dict):
-            if not isinstance(x, dict) or sorted(x) != sorted(t.name for t in inputs):
+            if not isinstance(x, dict) or set(x) != {t.name for t in inputs}:
                 given = sorted(map(str, x)) if isinstance(x, dict) else type(x).__name__
                 names = ", ".join(t.name for t in inputs)
-                return x, f"model {name!r} takes the inputs {names} (a map from name to array), got {given}"  # type: ignore[return-value]
+                return x, f"model {name!r} takes the inputs {names} (a map from name to array), got {given}"
             for spec in inputs:
                 who = f"input {spec.name!r} of model {name!r}"
                 problem = _tensor_problem(who, np.dtype(spec.dtype), spec.shape, x[spec.name])

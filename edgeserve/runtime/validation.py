@@ -68,7 +68,7 @@ def validate_feeds(manifest: Manifest, batch: Feeds) -> dict[str, np.ndarray]:
             f"give a map from input name to array, not {type(batch).__name__}"
         )
     names = manifest.input_names
-    if sorted(batch) != sorted(names):
+    if set(batch) != set(names):
         raise InputError(f"model {model!r} takes the inputs {names}, got {sorted(map(str, batch))}")
     feeds: dict[str, np.ndarray] = {}
     sizes = set()
