@@ -27,7 +27,7 @@ from edgeserve.runtime.backends.buffer_plan import BufferPlan, plan_buffers
 from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart
 from edgeserve.runtime.backends.engine_cache import BuildTarget, batch_sizes, engine_path, load_current_record
 from edgeserve.runtime.backends.tensorrt_build import detect_target, import_tensorrt
-from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_batch, validate_exit
+from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_exit, validate_feeds
 
 
 @dataclass
@@ -166,12 +166,12 @@ class TensorRTBackend:
             elif not loaded.contexts[stage][batch - 1].execute_async_v3(int(self._stream)):
                 raise RuntimeError(f"{loaded.manifest.name}: TensorRT failed to enqueue stage {stage}")
 
-    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+    def run(self, model: str, exit: int, batch: Feeds) -> np.ndarray:
         """Logits (batch, num_classes) at exit `exit`, stages chained on the device."""
         loaded = self._loaded(model)
         manifest = loaded.manifest
         exit = validate_exit(manifest, exit)
-        batch = validate_batch(manifest, batch)
+        batch = validate_feeds(manifest, batch)[manifest.input.name]
         n = batch.shape[0]
         if n > loaded.plan.max_batch:
             raise InputError(
@@ -199,7 +199,7 @@ class TensorRTBackend:
         manifest = self._loaded(model).manifest
         logits = manifest.stages[manifest.exits[validate_exit(manifest, exit)].stage].logits
         assert logits is not None  # load() took only single-input classifier chains
-        return {logits.name: self.run(model, exit, batch)}  # type: ignore[arg-type]
+        return {logits.name: self.run(model, exit, batch)}
 
     def _loaded(self, model: str) -> _LoadedModel:
         return loaded_model(self._models, model)

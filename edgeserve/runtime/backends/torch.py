@@ -22,7 +22,7 @@ from edgeserve.errors import BackendUnavailableError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_batch, validate_exit
+from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_exit, validate_feeds
 
 TORCH_FIX = "install the export extra (`pip install 'edgeserve[export]'`, which brings torch)"
 
@@ -162,11 +162,11 @@ class TorchBackend:
     def models(self) -> list[str]:
         return list(self._models)
 
-    def run(self, model: str, exit: int, batch: np.ndarray) -> np.ndarray:
+    def run(self, model: str, exit: int, batch: Feeds) -> np.ndarray:
         """Logits (batch, num_classes) float32 at exit `exit`."""
         loaded = self._loaded(model)
         exit = validate_exit(loaded.manifest, exit)
-        batch = validate_batch(loaded.manifest, batch)
+        batch = validate_feeds(loaded.manifest, batch)[loaded.manifest.input.name]
         torch = self.torch
         captured = loaded.graphs.get((exit, batch.shape[0]))
         with torch.inference_mode():
@@ -184,7 +184,7 @@ class TorchBackend:
         manifest = self._loaded(model).manifest
         logits = manifest.stages[manifest.exits[validate_exit(manifest, exit)].stage].logits
         assert logits is not None  # load() took only single-input classifier chains
-        return {logits.name: self.run(model, exit, batch)}  # type: ignore[arg-type]
+        return {logits.name: self.run(model, exit, batch)}
 
     def _loaded(self, model: str) -> _Loaded:
         return loaded_model(self._models, model)
