@@ -14,6 +14,7 @@ TensorRT and is what `edgeserve build-engines --dry-run` prints.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -158,7 +159,7 @@ class EngineRecord:
                 engine_bytes=int(data["engine_bytes"]),
                 built_at=str(data["built_at"]),
                 build_seconds=float(data["build_seconds"]),
-                batch_profile=None if profile is None else (int(profile[0]), int(profile[1]), int(profile[2])),
+                batch_profile=_profile_tuple(profile),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RepositoryError(
@@ -186,7 +187,7 @@ def per_batch_chain(manifest: Manifest) -> bool:
     stages = manifest.stages
     if stages[0].feeds[0][1] != manifest.inputs[0].name:
         return False
-    return all(s.feeds[0][1] == p.passes[0] for p, s in zip(stages, stages[1:]) if p.passes)
+    return all(s.feeds[0][1] == p.passes[0] for p, s in itertools.pairwise(stages) if p.passes)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,9 @@ class BatchPlan:
         return f"one profile, batch min {low} opt {opt} max {high}"
 
 
-def batch_plan(manifest: Manifest, max_batch: int = DEFAULT_MAX_BATCH, opt_batch: int | None = None) -> BatchPlan:
+def batch_plan(
+    manifest: Manifest, max_batch: int = DEFAULT_MAX_BATCH, opt_batch: int | None = None
+) -> BatchPlan:
     """How `manifest`'s engines cover batches up to `max_batch`.
 
     Export's classifier chains: one profile per batch size 1..max_batch (min = opt = max), as
@@ -465,6 +468,10 @@ def _span(sizes: tuple[int, ...]) -> str:
     if sizes and list(sizes) == list(range(sizes[0], sizes[-1] + 1)):
         return f"{sizes[0]}..{sizes[-1]}"
     return ",".join(map(str, sizes))
+
+
+def _profile_tuple(profile: list[int] | None) -> tuple[int, int, int] | None:
+    return None if profile is None else (int(profile[0]), int(profile[1]), int(profile[2]))
 
 
 def _profile(profile: tuple[int, int, int] | None) -> str:
