@@ -100,11 +100,17 @@ def _checked(model: str, name: str, dtype: str, shape: tuple[int, ...], batch: o
     return np.ascontiguousarray(batch)
 
 
-def require_chain(manifest: Manifest, backend: str) -> None:
-    """Refuse what a classifier-chain backend cannot run: several inputs, several exit outputs."""
+def is_chain(manifest: Manifest) -> bool:
+    """Whether `manifest` is a single-input classifier chain (what `edgeserve export` writes): one
+    batched input, one tensor passed from stage to stage, one exit output per exit stage."""
     single = len(manifest.inputs) == 1 and manifest.inputs[0].batched
     heads = all(manifest.stages[e.stage].logits is not None for e in manifest.exits)
-    if single and heads and all(len(s.passes) <= 1 and len(s.inputs) == 1 for s in manifest.stages):
+    return single and heads and all(len(s.passes) <= 1 and len(s.inputs) == 1 for s in manifest.stages)
+
+
+def require_chain(manifest: Manifest, backend: str) -> None:
+    """Refuse what a classifier-chain backend cannot run: several inputs, several exit outputs."""
+    if is_chain(manifest):
         return
     raise InputError(
         f"model {manifest.name!r} is not a single-input classifier chain, which is all the {backend} "

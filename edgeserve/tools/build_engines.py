@@ -25,8 +25,12 @@ from edgeserve.runtime.backends.engine_cache import (
 )
 
 DESCRIPTION = """\
-Build one TensorRT engine per stage of each model, with an optimization profile per batch size
-(1..--max-batch), for the GPU, TensorRT version and precision of this machine. Engines are stored
+Build one TensorRT engine per stage of each model for the GPU, TensorRT version and precision of
+this machine. Models from `edgeserve export` get an optimization profile per batch size
+(1..--max-batch). Imported models (`edgeserve import`: any inputs and outputs) get one profile per
+engine: batch 1..--max-batch tuned for --opt-batch, or exactly N for graphs with a fixed batch N,
+or 1 when a tensor has no batch dimension; a model TensorRT cannot serve (float64, int16 or uint16
+tensors, outputs whose size depends on their content) is listed as refused. Engines are stored
 under <repository>/<model>/trt/<target>/ with a record of what they were built from; an engine
 whose ONNX, device, TensorRT version, precision or batch range no longer matches is rebuilt (the
 reason is printed), a current one is skipped. Layer timings are kept in a timing cache, so
@@ -40,6 +44,7 @@ examples:
   edgeserve build-engines --dry-run                       what would be built, skipped, and why
   edgeserve build-engines --dry-run --target "Orin:8.7:10.3.0"   plan for a board from a workstation
   edgeserve build-engines --force --workspace-mib 2048
+  edgeserve build-engines --model my-detector --max-batch 8 --opt-batch 4   an imported model
 
 On a Jetson: TensorRT comes with JetPack; lock the clocks first (`sudo nvpmodel -m 0` and
 `sudo jetson_clocks`) so the builder times tactics at the clocks you will serve at. Then run
@@ -95,7 +100,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--max-batch",
         type=_positive,
         default=DEFAULT_MAX_BATCH,
-        help=f"largest batch; one profile per size 1..N (default {DEFAULT_MAX_BATCH})",
+        help=f"largest batch (default {DEFAULT_MAX_BATCH}); export's models get one profile per size "
+        "1..N, imported ones one profile for 1..N",
+    )
+    parser.add_argument(
+        "--opt-batch",
+        type=_positive,
+        default=None,
+        help="imported models: the batch the one profile is tuned for (default: --max-batch)",
     )
     parser.add_argument(
         "--workspace-mib", type=_positive, default=1024, help="builder workspace limit in MiB (default 1024)"
@@ -153,12 +165,13 @@ def build_engines_command(args: argparse.Namespace) -> int:
         from edgeserve.runtime.backends.tensorrt_build import detect_target
 
         target = detect_target(args.precision, args.device_id)
-    plan = plan_builds(repository, manifests, target, args.max_batch, args.force)
+    plan = plan_builds(repository, manifests, target, args.max_batch, args.force, args.opt_batch)
     print(format_plan(plan, target))
     if args.dry_run:
         return 0
     timing_cache = args.timing_cache or default_timing_cache(repository, target)
-    _build(repository, manifests, [p for p in plan if p.action != "skip"], target, args, timing_cache)
+    todo = [p for p in plan if p.action in ("build", "rebuild")]
+    _build(repository, manifests, todo, target, args, timing_cache)
     return 0
 
 
@@ -184,7 +197,7 @@ def _build(
 ) -> None:
     from tqdm import tqdm
 
-    from edgeserve.runtime.backends.engine_cache import batch_sizes
+    from edgeserve.runtime.backends.engine_cache import batch_plan
     from edgeserve.runtime.backends.tensorrt_build import EngineBuilder
 
     if not todo:
@@ -198,6 +211,9 @@ def _build(
             bar.set_postfix_str(f"{item.model} stage{item.stage}")
             manifest = by_name[item.model]
             onnx_path = repository.stage_path(manifest, item.stage)
-            record = builder.build(manifest, item.stage, onnx_path, batch_sizes(args.max_batch), item.engine)
+            batches = item.batches or batch_plan(manifest, args.max_batch, args.opt_batch)
+            record = builder.build(
+                manifest, item.stage, onnx_path, batches.sizes, item.engine, batches.profile
+            )
             record.save(item.record)
     print(f"built {len(todo)} engines in {time.perf_counter() - started:.0f} s; timing cache {timing_cache}")

@@ -133,3 +133,205 @@ def plan_buffers(manifest: Manifest, max_batch: int) -> BufferPlan:
 
 def _alloc(name: str, spec: TensorSpec, max_batch: int, host: bool) -> Allocation:
     return Allocation(name, spec.dtype, tuple(spec.shape), max_batch, host)
+
+
+# -- imported models: any inputs, tensors passed by name, one optimization profile per engine -------
+#
+# What follows plans the generic TensorRT path (edgeserve.runtime.backends.tensorrt_imported) for
+# any schema-2 manifest: the optimization profile's min/opt/max shape of every engine input, one
+# buffer per model input and per stage output, and which buffer feeds which engine input. It is
+# pure and tested here; the TensorRT calls that use it have never been executed in this project.
+
+# TensorRT 10's I/O types (tensorrt.DataType) as numpy names: no float64, int16 or uint16.
+TRT_IO_DTYPES = ("float32", "float16", "int8", "int32", "int64", "uint8", "bool")
+
+
+@dataclass(frozen=True)
+class InputProfile:
+    """One engine input's shapes in the optimization profile (IOptimizationProfile.set_shape)."""
+
+    name: str
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+def graph_shape(spec: TensorSpec, batch: int) -> tuple[int, ...]:
+    """The shape a graph takes or gives for `spec` at graph batch `batch`: the batch first, or the
+    tensor's full shape when it has no batch dimension."""
+    return (batch, *spec.shape) if spec.batched else tuple(spec.shape)
+
+
+def profile_shapes(manifest: Manifest, stage: int, batches: tuple[int, int, int]) -> tuple[InputProfile, ...]:
+    """min/opt/max shapes of every input of stage `stage` for graph batches (min, opt, max).
+
+    A batched input gets (min, *shape), (opt, *shape), (max, *shape); an unbatched one its full
+    static shape three times. `batches` comes from engine_cache.batch_plan: (1, opt, N) for a
+    dynamic batch, (N, N, N) for graphs with a fixed batch N.
+    """
+    low, opt, high = batches
+    if not 1 <= low <= opt <= high:
+        raise ValueError(f"profile batches must satisfy 1 <= min <= opt <= max, got {batches}")
+    return tuple(
+        InputProfile(t.name, graph_shape(t, low), graph_shape(t, opt), graph_shape(t, high))
+        for t in manifest.stages[stage].inputs
+    )
+
+
+def tensorrt_refusal(manifest: Manifest) -> str | None:
+    """Why the TensorRT backend cannot serve `manifest`, or None: a tensor type TensorRT has no I/O
+    type for, or an output whose dimensions vary with its content (edgeserve binds every output to a
+    buffer sized at load and does not implement TensorRT's IOutputAllocator)."""
+    tensors = [("input", t) for t in manifest.inputs]
+    for stage in manifest.stages:
+        tensors += [(f"stage {stage.index} output", t) for t in stage.outputs]
+    for where, t in tensors:
+        if t.dtype not in TRT_IO_DTYPES:
+            return (
+                f"{where} {t.name!r} is {t.dtype}, which TensorRT engines cannot take or give "
+                f"(their I/O types are {', '.join(TRT_IO_DTYPES)})"
+            )
+        if any(d < 0 for d in t.shape):
+            return (
+                f"{where} {t.name!r} has dimensions that vary with its content ({list(t.shape)}); "
+                "edgeserve's TensorRT backend sizes every output at load and does not size outputs "
+                "at run time (no IOutputAllocator)"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class TensorBuffer:
+    """One device buffer of an imported model (and a pinned host twin when `host` is set), sized for
+    the largest graph batch in the engine's own type for the tensor."""
+
+    name: str  # "input.<model input>" or "stage<k>.<output>"
+    dtype: str  # numpy name of the engine's type (trt.nptype(engine.get_tensor_dtype(name)))
+    shape: tuple[int, ...]  # at the largest graph batch
+    host: bool  # model inputs (uploaded) and exit outputs of stages an exit is on (downloaded)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Wire:
+    """An engine input or output of one stage and the buffer it is bound to."""
+
+    tensor: TensorSpec  # as the manifest declares it (its dtype is what clients send or get)
+    buffer: str
+    dtype: str  # the engine's type for it
+
+    def shape(self, graph_batch: int) -> tuple[int, ...]:
+        return graph_shape(self.tensor, graph_batch)
+
+    def nbytes(self, graph_batch: int) -> int:
+        return math.prod(self.shape(graph_batch)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class StageWiring:
+    """What one stage engine's inputs read and its outputs write."""
+
+    stage: int
+    inputs: tuple[Wire, ...]
+    outputs: tuple[Wire, ...]
+    exit_outputs: tuple[Wire, ...]  # the outputs copied back when an exit is on this stage
+
+    def wire(self, tensor: str) -> Wire:
+        for w in (*self.inputs, *self.outputs):
+            if w.tensor.name == tensor:
+                return w
+        raise KeyError(f"stage {self.stage} has no tensor {tensor!r}")
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """Buffers and wiring of an imported model on TensorRT: stages chained by name on the device."""
+
+    model: str
+    max_batch: int  # the largest batch served
+    fixed_batch: int | None  # graphs take exactly this batch; smaller ones are padded with zeros
+    buffers: tuple[TensorBuffer, ...]
+    stages: tuple[StageWiring, ...]
+    model_inputs: tuple[tuple[str, str], ...]  # (model input, buffer) for inputs some stage takes
+
+    def buffer(self, name: str) -> TensorBuffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def graph_batch(self, size: int) -> int:
+        """The batch the graphs run for a request batch of `size` (the fixed batch when there is one)."""
+        if not 1 <= size <= self.max_batch:
+            raise ValueError(f"batch {size} is outside the engines' range 1..{self.max_batch}")
+        return self.fixed_batch if self.fixed_batch is not None else size
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers if b.host)
+
+
+def plan_tensors(
+    manifest: Manifest, max_batch: int, dtypes: dict[tuple[int, str], str] | None = None
+) -> TensorPlan:
+    """Buffers and wiring for serving `manifest` on TensorRT up to `max_batch` (capped by the model).
+
+    `dtypes` maps (stage, tensor name) to the engine's type for it (read from the engines at load);
+    a tensor not in it keeps the manifest's type. A tensor passed between stages must have one type
+    on both sides, and a model input every stage that takes it must agree on; otherwise ValueError.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max batch must be >= 1, got {max_batch}")
+    refusal = tensorrt_refusal(manifest)
+    if refusal is not None:
+        raise ValueError(refusal)
+    largest = manifest.max_batch if manifest.max_batch is not None else max_batch
+    graph_max = manifest.batch if manifest.batch is not None else largest
+    types = dtypes or {}
+    exit_stages = {e.stage for e in manifest.exits}
+    model_inputs = {t.name: t for t in manifest.inputs}
+    buffers: dict[str, TensorBuffer] = {}
+    producer = {name: f"input.{name}" for name in model_inputs}  # tensor name -> buffer holding it
+    taken: list[tuple[str, str]] = []
+    stages = []
+    for stage in manifest.stages:
+        k = stage.index
+        inputs = []
+        for spec, (name, source) in zip(stage.inputs, stage.feeds, strict=True):
+            buf = producer[source]
+            dtype = types.get((k, name), spec.dtype)
+            shape = graph_shape(spec, graph_max)
+            if buf not in buffers:  # a model input, first taken here
+                buffers[buf] = TensorBuffer(buf, dtype, graph_shape(model_inputs[source], graph_max), True)
+                taken.append((source, buf))
+            have = buffers[buf]
+            if have.dtype != dtype:
+                raise ValueError(
+                    f"{manifest.name}: stage {k} takes {name!r} as {dtype}, but {source!r} is {have.dtype}"
+                )
+            if have.shape != shape:
+                raise ValueError(
+                    f"{manifest.name}: stage {k} takes {name!r} shaped {list(shape)}, but {source!r} is "
+                    f"{list(have.shape)}"
+                )
+            inputs.append(Wire(spec, buf, dtype))
+        outputs = []
+        for spec in stage.outputs:
+            buf = f"stage{k}.{spec.name}"
+            dtype = types.get((k, spec.name), spec.dtype)
+            host = spec.name not in stage.passes and k in exit_stages
+            buffers[buf] = TensorBuffer(buf, dtype, graph_shape(spec, graph_max), host)
+            outputs.append(Wire(spec, buf, dtype))
+        exits = tuple(w for w in outputs if w.tensor.name not in stage.passes)
+        stages.append(StageWiring(k, tuple(inputs), tuple(outputs), exits))
+        producer.update({name: f"stage{k}.{name}" for name in stage.passes})
+    return TensorPlan(
+        manifest.name, largest, manifest.batch, tuple(buffers.values()), tuple(stages), tuple(taken)
+    )

@@ -58,6 +58,16 @@ def device_info(cudart: Any, device: int = 0) -> DeviceInfo:
     return DeviceInfo(name.rstrip("\x00").strip(), f"{props.major}.{props.minor}")
 
 
+def host_view(address: int, nbytes: int, dtype: str) -> np.ndarray:
+    """A flat numpy array of `dtype` over `nbytes` of host memory at `address` (not copied).
+
+    Viewed through bytes, so float16 (which ctypes has no type for) and bool work like the rest.
+    """
+    np_dtype = np.dtype(dtype)
+    raw = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_uint8)), (max(nbytes, 1),))
+    return raw[: nbytes - nbytes % np_dtype.itemsize].view(np_dtype)
+
+
 class DeviceBuffer:
     """A device allocation, optionally with a pinned host twin viewed as a flat numpy array."""
 
@@ -69,9 +79,7 @@ class DeviceBuffer:
         self._host_ptr = 0
         if host:
             self._host_ptr = int(check(cudart.cudaMallocHost(max(nbytes, 1)), "cudaMallocHost"))
-            np_dtype = np.dtype(dtype)
-            pointer = ctypes.cast(self._host_ptr, ctypes.POINTER(np.ctypeslib.as_ctypes_type(np_dtype)))
-            self.host = np.ctypeslib.as_array(pointer, (nbytes // np_dtype.itemsize,))
+            self.host = host_view(self._host_ptr, nbytes, dtype)
 
     def upload(self, nbytes: int, stream: Any) -> None:
         kind = self._cudart.cudaMemcpyKind.cudaMemcpyHostToDevice

@@ -3,7 +3,7 @@
 An engine is only valid for the device, TensorRT version and precision it was built for, and for
 the exact ONNX graph it came from. Engines are stored per target:
 
-    engines/<model>/trt/<key>/stage<k>.engine    one engine per stage, a profile per batch size
+    engines/<model>/trt/<key>/stage<k>.engine    one engine per stage (profiles: see batch_plan)
     engines/<model>/trt/<key>/stage<k>.json      EngineRecord: what the engine was built from
     engines/trt-timing-cache/<key>.cache         default timing cache, shared by every model
 
@@ -14,6 +14,7 @@ TensorRT and is what `edgeserve build-engines --dry-run` prints.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -26,6 +27,8 @@ from edgeserve.errors import EdgeServeError, RepositoryError
 from edgeserve.files import sha256_file, write_atomic
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backends.buffer_plan import tensorrt_refusal
+from edgeserve.runtime.validation import is_chain
 
 SUPPORTED_TRT_MAJORS = (10, 11)
 RECORD_SCHEMA_VERSION = 1
@@ -115,16 +118,23 @@ class EngineRecord:
     compute_capability: str
     trt_version: str
     precision: str
-    batch_sizes: tuple[int, ...]  # one optimization profile per batch size, profile i = batch_sizes[i]
+    batch_sizes: tuple[int, ...]  # the batch sizes served
     engine_sha256: str
     engine_bytes: int
     built_at: str
     build_seconds: float
     schema_version: int = RECORD_SCHEMA_VERSION
+    # None: one optimization profile per batch size, profile i = batch_sizes[i] (export's chains);
+    # else the graph batch (min, opt, max) of the engine's one profile (imported models).
+    batch_profile: tuple[int, int, int] | None = None
 
     def to_json(self) -> str:
         data = asdict(self)
         data["batch_sizes"] = list(self.batch_sizes)
+        if self.batch_profile is None:
+            del data["batch_profile"]  # records of per-batch engines read as before
+        else:
+            data["batch_profile"] = list(self.batch_profile)
         return json.dumps(data, indent=2) + "\n"
 
     @classmethod
@@ -133,6 +143,9 @@ class EngineRecord:
             data: Any = json.loads(path.read_text())
             if data.get("schema_version") != RECORD_SCHEMA_VERSION:
                 raise ValueError(f"schema_version {data.get('schema_version')!r}")
+            profile = data.get("batch_profile")
+            if profile is not None and len(profile) != 3:
+                raise ValueError(f"batch_profile {profile!r} is not [min, opt, max]")
             return cls(
                 model=str(data["model"]),
                 stage=int(data["stage"]),
@@ -146,6 +159,7 @@ class EngineRecord:
                 engine_bytes=int(data["engine_bytes"]),
                 built_at=str(data["built_at"]),
                 build_seconds=float(data["build_seconds"]),
+                batch_profile=_profile_tuple(profile),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RepositoryError(
@@ -161,6 +175,68 @@ def batch_sizes(max_batch: int) -> tuple[int, ...]:
     if max_batch < 1:
         raise ValueError(f"max batch must be >= 1, got {max_batch}")
     return tuple(range(1, max_batch + 1))
+
+
+def per_batch_chain(manifest: Manifest) -> bool:
+    """Whether `manifest` is served the way `edgeserve export`'s classifier chains are: one profile
+    per batch size and buffers chained stage to stage (buffer_plan.plan_buffers). Anything else (an
+    imported model: several inputs or outputs, tensors passed by name, a fixed batch, unbatched
+    tensors) gets one profile covering the batch range and buffers wired by name (plan_tensors)."""
+    if not is_chain(manifest) or manifest.max_batch is not None:
+        return False
+    stages = manifest.stages
+    if stages[0].feeds[0][1] != manifest.inputs[0].name:
+        return False
+    return all(s.feeds[0][1] == p.passes[0] for p, s in itertools.pairwise(stages) if p.passes)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batch sizes a model's engines serve and how their optimization profiles cover them."""
+
+    sizes: tuple[int, ...]  # batch sizes served: 1..N
+    profile: tuple[int, int, int] | None  # graph batch (min, opt, max) of the one profile; None: one per size
+
+    def describe(self) -> str:
+        if self.profile is None:
+            return f"one profile per batch {_span(self.sizes)}"
+        low, opt, high = self.profile
+        return f"one profile, batch min {low} opt {opt} max {high}"
+
+
+def batch_plan(
+    manifest: Manifest, max_batch: int = DEFAULT_MAX_BATCH, opt_batch: int | None = None
+) -> BatchPlan:
+    """How `manifest`'s engines cover batches up to `max_batch`.
+
+    Export's classifier chains: one profile per batch size 1..max_batch (min = opt = max), as
+    before. Every other model: one profile per engine. With a dynamic batch it spans 1..max_batch
+    and is tuned for `opt_batch` (default max_batch: the batches that matter most are the full
+    ones the scheduler forms under load); graphs with a fixed batch N get N for min, opt and max and
+    serve 1..N padded; a model with an unbatched tensor runs one sample at a time (1, 1, 1).
+    """
+    if per_batch_chain(manifest):
+        return BatchPlan(batch_sizes(max_batch), None)
+    if manifest.batch is not None:
+        n = manifest.batch
+        return BatchPlan(batch_sizes(n), (n, n, n))
+    if manifest.max_batch == 1:
+        return BatchPlan((1,), (1, 1, 1))
+    sizes = batch_sizes(max_batch)
+    if opt_batch is not None and opt_batch < 1:
+        raise ValueError(f"opt batch must be >= 1, got {opt_batch}")
+    opt = max_batch if opt_batch is None else min(opt_batch, max_batch)
+    return BatchPlan(sizes, (1, opt, max_batch))
+
+
+def graph_float_dtype(manifest: Manifest) -> str:
+    """The float type precision_plan checks: float16 when a model input is, else float64 when one is
+    (refused), else float32 (graphs taking only integers or booleans compute in float32)."""
+    dtypes = {t.dtype for t in manifest.inputs}
+    for dtype in ("float16", "float64"):
+        if dtype in dtypes:
+            return dtype
+    return "float32"
 
 
 def engine_dir(repository: ModelRepository, model: str, target: BuildTarget) -> Path:
@@ -187,6 +263,7 @@ def new_record(
     sizes: tuple[int, ...],
     engine_file: Path,
     build_seconds: float,
+    profile: tuple[int, int, int] | None = None,
 ) -> EngineRecord:
     """The record of an engine just written to `engine_file`."""
     return EngineRecord(
@@ -202,6 +279,7 @@ def new_record(
         engine_bytes=engine_file.stat().st_size,
         built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(build_seconds, 3),
+        batch_profile=profile,
     )
 
 
@@ -211,6 +289,7 @@ def stale_reasons(
     stage: int,
     target: BuildTarget,
     sizes: tuple[int, ...],
+    profile: tuple[int, int, int] | None = None,
 ) -> list[str]:
     """Why an engine built as `record` says cannot serve `manifest` on `target`; empty if it can."""
     wanted = {
@@ -222,6 +301,7 @@ def stale_reasons(
         "trt_version": target.trt_version,
         "precision": target.precision,
         "batch_sizes": sizes,
+        "batch_profile": profile,
     }
     reasons = []
     for field_name, value in wanted.items():
@@ -231,6 +311,8 @@ def stale_reasons(
                 reasons.append("the ONNX stage changed since the build (model re-exported)")
             elif field_name == "batch_sizes":
                 reasons.append(f"built for batches {_span(have)}, wanted {_span(value)}")
+            elif field_name == "batch_profile":
+                reasons.append(f"built with {_profile(have)}, wanted {_profile(value)}")
             else:
                 reasons.append(f"{field_name} {have!r} != {value!r}")
     return reasons
@@ -254,14 +336,20 @@ class PlannedEngine:
 
     model: str
     stage: int
-    action: str  # "build" (none yet), "rebuild" (stale or forced) or "skip" (current)
+    action: str  # "build" (none yet), "rebuild" (stale or forced), "skip" (current) or "refuse"
     reason: str
     engine: Path
     record: Path
+    batches: BatchPlan | None = None  # what to build it for
 
 
 def engine_status(
-    repository: ModelRepository, manifest: Manifest, stage: int, target: BuildTarget, sizes: tuple[int, ...]
+    repository: ModelRepository,
+    manifest: Manifest,
+    stage: int,
+    target: BuildTarget,
+    sizes: tuple[int, ...],
+    profile: tuple[int, int, int] | None = None,
 ) -> tuple[str, str]:
     """("skip" | "build" | "rebuild", reason) for one stage engine on `target`."""
     rec_path = record_path(repository, manifest.name, target, stage)
@@ -274,7 +362,7 @@ def engine_status(
         record = EngineRecord.load(rec_path)
     except RepositoryError as exc:
         return "rebuild", str(exc).split(": ", 1)[-1].split(";")[0]
-    reasons = stale_reasons(record, manifest, stage, target, sizes)
+    reasons = stale_reasons(record, manifest, stage, target, sizes, profile)
     problem = check_engine_file(record, eng_path)
     if problem:
         reasons.append(problem)
@@ -289,14 +377,26 @@ def plan_builds(
     target: BuildTarget,
     max_batch: int = DEFAULT_MAX_BATCH,
     force: bool = False,
+    opt_batch: int | None = None,
 ) -> list[PlannedEngine]:
-    """Every stage engine of `manifests` for `target`: which to build, rebuild or skip, and why."""
-    sizes = batch_sizes(max_batch)
+    """Every stage engine of `manifests` for `target`: which to build, rebuild or skip, and why.
+
+    A model the TensorRT backend cannot serve (buffer_plan.tensorrt_refusal) is planned as
+    "refuse" with the reason, so no minutes go into engines nothing would load.
+    """
     plan = []
     for manifest in manifests:
-        precision_plan(target.precision, target.trt_major, manifest.input.dtype)
+        batches = batch_plan(manifest, max_batch, opt_batch)
+        refusal = None if batches.profile is None else tensorrt_refusal(manifest)
+        if refusal is None:
+            precision_plan(target.precision, target.trt_major, graph_float_dtype(manifest))
         for stage in range(len(manifest.stages)):
-            action, reason = engine_status(repository, manifest, stage, target, sizes)
+            if refusal is not None:
+                action, reason = "refuse", f"{refusal}; serve it with --backend onnxruntime"
+            else:
+                action, reason = engine_status(
+                    repository, manifest, stage, target, batches.sizes, batches.profile
+                )
             if force and action == "skip":
                 action, reason = "rebuild", "--force"
             plan.append(
@@ -307,6 +407,7 @@ def plan_builds(
                     reason=reason,
                     engine=engine_path(repository, manifest.name, target, stage),
                     record=record_path(repository, manifest.name, target, stage),
+                    batches=batches,
                 )
             )
     return plan
@@ -318,10 +419,12 @@ def load_current_record(
     stage: int,
     target: BuildTarget,
     sizes: tuple[int, ...] | None = None,
+    profile: tuple[int, int, int] | None = None,
 ) -> EngineRecord:
     """The record of a current engine, or a RepositoryError saying why it is stale and how to rebuild.
 
-    `sizes` None accepts any batch range the engine was built for (serving uses what is there).
+    `sizes` None accepts any batch range and profile the engine was built for (serving uses what
+    is there and checks the profile kind itself).
     """
     rec_path = record_path(repository, manifest.name, target, stage)
     fix = (
@@ -333,7 +436,8 @@ def load_current_record(
             f"{rec_path}: no engine of {manifest.name!r} stage {stage} for this target; {fix}"
         )
     record = EngineRecord.load(rec_path)
-    reasons = stale_reasons(record, manifest, stage, target, sizes or record.batch_sizes)
+    profile = record.batch_profile if sizes is None else profile
+    reasons = stale_reasons(record, manifest, stage, target, sizes or record.batch_sizes, profile)
     problem = check_engine_file(record, engine_path(repository, manifest.name, target, stage))
     if problem:
         reasons.append(problem)
@@ -350,9 +454,13 @@ def format_plan(plan: list[PlannedEngine], target: BuildTarget) -> str:
     ]
     width = max((len(p.model) for p in plan), default=5)
     for p in plan:
-        lines.append(f"  {p.action:<8} {p.model:<{width}} stage{p.stage}  {p.reason}")
-    counts = {a: sum(p.action == a for p in plan) for a in ("build", "rebuild", "skip")}
-    lines.append(f"{counts['build']} to build, {counts['rebuild']} to rebuild, {counts['skip']} current")
+        profile = "" if p.batches is None or p.batches.profile is None else f" [{p.batches.describe()}]"
+        lines.append(f"  {p.action:<8} {p.model:<{width}} stage{p.stage}  {p.reason}{profile}")
+    counts = {a: sum(p.action == a for p in plan) for a in ("build", "rebuild", "skip", "refuse")}
+    summary = f"{counts['build']} to build, {counts['rebuild']} to rebuild, {counts['skip']} current"
+    if counts["refuse"]:
+        summary += f", {counts['refuse']} refused (not servable on TensorRT)"
+    lines.append(summary)
     return "\n".join(lines)
 
 
@@ -360,6 +468,16 @@ def _span(sizes: tuple[int, ...]) -> str:
     if sizes and list(sizes) == list(range(sizes[0], sizes[-1] + 1)):
         return f"{sizes[0]}..{sizes[-1]}"
     return ",".join(map(str, sizes))
+
+
+def _profile_tuple(profile: list[int] | None) -> tuple[int, int, int] | None:
+    return None if profile is None else (int(profile[0]), int(profile[1]), int(profile[2]))
+
+
+def _profile(profile: tuple[int, int, int] | None) -> str:
+    if profile is None:
+        return "one profile per batch size"
+    return "one profile (batch min {}, opt {}, max {})".format(*profile)
 
 
 def _slug(text: str) -> str:

@@ -9,6 +9,12 @@ never leave the device) and copies the logits back. With `cuda_graphs`, each (st
 replayed as a captured CUDA graph. Execution contexts share one activation scratch buffer per
 model (they never run concurrently: one stream, one thread).
 
+Imported models (anything but export's single-input classifier chains: several inputs and
+outputs, tensors passed by name, a fixed batch, unbatched tensors) take the generic path in
+edgeserve.runtime.backends.tensorrt_imported: one profile per engine, buffers wired by name, no
+CUDA graphs. That path was written against TensorRT 10's documented API and has never been
+executed (see that module).
+
 GPU-only code: not executed by the test suite (no GPU or TensorRT there); its pure parts are.
 """
 
@@ -22,12 +28,27 @@ import numpy as np
 from edgeserve.errors import InputError, RepositoryError
 from edgeserve.fingerprint import Fingerprint, jetson_power_state
 from edgeserve.manifest import Manifest
+from edgeserve.onnx_graph import sample_batch
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.buffer_plan import BufferPlan, plan_buffers
 from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart
-from edgeserve.runtime.backends.engine_cache import BuildTarget, batch_sizes, engine_path, load_current_record
+from edgeserve.runtime.backends.engine_cache import (
+    BuildTarget,
+    EngineRecord,
+    batch_sizes,
+    engine_path,
+    load_current_record,
+    per_batch_chain,
+)
 from edgeserve.runtime.backends.tensorrt_build import detect_target, import_tensorrt
-from edgeserve.runtime.validation import Feeds, loaded_model, require_chain, validate_exit, validate_feeds
+from edgeserve.runtime.backends.tensorrt_imported import (
+    ImportedModel,
+    check_profiles,
+    open_imported,
+    refuse_unservable,
+    run_imported,
+)
+from edgeserve.runtime.validation import Feeds, loaded_model, validate_exit, validate_feeds
 
 
 @dataclass
@@ -66,13 +87,16 @@ class TensorRTBackend:
         self._logger = self.trt.Logger(self.trt.Logger.WARNING)
         self._runtime = self.trt.Runtime(self._logger)
         self._stream: Any = None  # created by the first load, on the thread that owns the backend
-        self._models: dict[str, _LoadedModel] = {}
+        self._models: dict[str, _LoadedModel | ImportedModel] = {}
 
     # -- loading -----------------------------------------------------------------------------------
 
     def load(self, manifest: Manifest) -> None:
-        """Deserialize the stage engines, allocate buffers, bind every (stage, batch), warm up, capture."""
-        require_chain(manifest, self.name)
+        """Deserialize the stage engines, allocate buffers, bind contexts, warm up (and capture graphs
+        for export's chains). A model TensorRT cannot serve is refused naming the tensor."""
+        chain = per_batch_chain(manifest)
+        if not chain:
+            refuse_unservable(manifest)
         if self._stream is None:
             flags = self.cudart.cudaStreamNonBlocking
             self._stream = check(self.cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags")
@@ -80,8 +104,43 @@ class TensorRTBackend:
             load_current_record(self.repository, manifest, k, self.target)
             for k in range(len(manifest.stages))
         ]
+        if chain:
+            self._load_chain(manifest, records)
+        else:
+            self._load_imported(manifest, records)
+
+    def _load_imported(self, manifest: Manifest, records: list[EngineRecord]) -> None:
+        """The generic path (never executed here: no GPU or TensorRT in this project's sessions)."""
+        fix = f"rebuild with `edgeserve build-engines --model {manifest.name} --force`"
+        max_batch = check_profiles(manifest, records, fix)
+        paths = [engine_path(self.repository, manifest.name, self.target, k) for k in range(len(records))]
+        engines = []
+        for path in paths:
+            engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is None:
+                raise RepositoryError(f"{path}: TensorRT cannot deserialize this engine; {fix}")
+            engines.append(engine)
+        if manifest.name in self._models:
+            self._release(self._models.pop(manifest.name))
+        loaded = open_imported(self.trt, self.cudart, self._stream, manifest, engines, paths, max_batch, fix)
+        try:
+            sizes = sorted({1, loaded.plan.max_batch})
+            for _ in range(self.warmup):
+                for size in sizes:
+                    feeds = sample_batch(manifest, size)
+                    for exit in range(len(manifest.exits)):
+                        run_imported(self.cudart, self._stream, loaded, exit, feeds)
+        except BaseException:
+            self._release(loaded)
+            raise
+        self._models[manifest.name] = loaded
+
+    def _load_chain(self, manifest: Manifest, records: list[EngineRecord]) -> None:
+        """Export's classifier chains: a profile and a context per batch size, CUDA graphs."""
         max_batch = min(max(r.batch_sizes) for r in records)
         fix = f"rebuild with `edgeserve build-engines --model {manifest.name} --force`"
+        if any(r.batch_profile is not None for r in records):
+            raise RepositoryError(f"{manifest.name}: engines were built with one batch profile; {fix}")
         if any(r.batch_sizes[:max_batch] != batch_sizes(max_batch) for r in records):
             raise RepositoryError(f"{manifest.name}: engines must have profiles for batches 1..N; {fix}")
         plan = plan_buffers(manifest, max_batch)
@@ -167,8 +226,10 @@ class TensorRTBackend:
                 raise RuntimeError(f"{loaded.manifest.name}: TensorRT failed to enqueue stage {stage}")
 
     def run(self, model: str, exit: int, batch: Feeds) -> np.ndarray:
-        """Logits (batch, num_classes) at exit `exit`, stages chained on the device."""
+        """The first exit output (a classifier's logits), stages chained on the device."""
         loaded = self._loaded(model)
+        if isinstance(loaded, ImportedModel):
+            return next(iter(run_imported(self.cudart, self._stream, loaded, exit, batch).values()))
         manifest = loaded.manifest
         exit = validate_exit(manifest, exit)
         batch = validate_feeds(manifest, batch)[manifest.input.name]
@@ -195,20 +256,26 @@ class TensorRTBackend:
         return out.host[:count].reshape(n, *logits_spec.shape).astype(np.float32, copy=True)
 
     def run_outputs(self, model: str, exit: int, batch: Feeds) -> dict[str, np.ndarray]:
-        """The exit's logits by name: this backend serves the classifier chains `edgeserve export` writes."""
-        manifest = self._loaded(model).manifest
+        """Every output of exit `exit` by name, batch first (a chain's exit has one: its logits)."""
+        loaded = self._loaded(model)
+        if isinstance(loaded, ImportedModel):
+            return run_imported(self.cudart, self._stream, loaded, exit, batch)
+        manifest = loaded.manifest
         logits = manifest.stages[manifest.exits[validate_exit(manifest, exit)].stage].logits
-        assert logits is not None  # load() took only single-input classifier chains
+        assert logits is not None  # per_batch_chain models have one exit output per exit stage
         return {logits.name: self.run(model, exit, batch)}
 
-    def _loaded(self, model: str) -> _LoadedModel:
+    def _loaded(self, model: str) -> _LoadedModel | ImportedModel:
         return loaded_model(self._models, model)
 
     # -- identity ----------------------------------------------------------------------------------
 
-    def _release(self, loaded: _LoadedModel) -> None:
+    def _release(self, loaded: _LoadedModel | ImportedModel) -> None:
         """Graphs, then contexts, then engines, then the memory they were bound to."""
         check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+        if isinstance(loaded, ImportedModel):
+            loaded.release()
+            return
         for graph in loaded.graphs.values():
             graph.free()
         loaded.graphs.clear()

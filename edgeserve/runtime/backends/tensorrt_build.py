@@ -1,4 +1,11 @@
-"""Build one TensorRT engine per stage: an optimization profile per batch size, a shared timing cache.
+"""Build one TensorRT engine per stage, with a shared timing cache.
+
+Export's classifier chains get an optimization profile per batch size (min = opt = max); any other
+model (imported: several inputs, fixed or no batch dimension) gets one profile per engine whose
+min/opt/max shapes come from buffer_plan.profile_shapes (engine_cache.batch_plan decides the batch
+range). The one-profile path is written against TensorRT 10's documented Python API
+(Builder.create_optimization_profile, IOptimizationProfile.set_shape, add_optimization_profile,
+build_serialized_network) and has never been executed: this project's machines have no GPU.
 
 The thin layer over TensorRT's builder; what to build and whether an engine is stale is decided in
 edgeserve.runtime.backends.engine_cache (pure, tested everywhere). TensorRT is imported lazily and this module
@@ -13,8 +20,15 @@ from typing import Any
 
 from edgeserve.errors import BackendUnavailableError, RepositoryError
 from edgeserve.manifest import Manifest
+from edgeserve.runtime.backends.buffer_plan import profile_shapes
 from edgeserve.runtime.backends.cuda_runtime import device_info, import_cudart
-from edgeserve.runtime.backends.engine_cache import BuildTarget, EngineRecord, new_record, precision_plan
+from edgeserve.runtime.backends.engine_cache import (
+    BuildTarget,
+    EngineRecord,
+    graph_float_dtype,
+    new_record,
+    precision_plan,
+)
 
 TENSORRT_FIX = (
     "on a Jetson TensorRT comes with JetPack (`sudo apt install nvidia-jetpack`, or python3-libnvinfer; "
@@ -56,11 +70,21 @@ class EngineBuilder:
             self._cache_blob = timing_cache.read_bytes()
 
     def build(
-        self, manifest: Manifest, stage: int, onnx_path: Path, sizes: tuple[int, ...], engine_path: Path
+        self,
+        manifest: Manifest,
+        stage: int,
+        onnx_path: Path,
+        sizes: tuple[int, ...],
+        engine_path: Path,
+        profile: tuple[int, int, int] | None = None,
     ) -> EngineRecord:
-        """Build, write `engine_path` atomically and return its record (the caller saves it)."""
+        """Build, write `engine_path` atomically and return its record (the caller saves it).
+
+        `profile` None: one optimization profile per batch size in `sizes` (export's chains). Else
+        the graph batch (min, opt, max) of the engine's one profile (engine_cache.batch_plan).
+        """
         trt = self.trt
-        plan = precision_plan(self.target.precision, self.target.trt_major, manifest.input.dtype)
+        plan = precision_plan(self.target.precision, self.target.trt_major, graph_float_dtype(manifest))
         started = time.perf_counter()
         flags = 0
         if plan.strongly_typed:
@@ -69,10 +93,21 @@ class EngineBuilder:
         parser = trt.OnnxParser(network, self.logger)
         if not parser.parse_from_file(str(onnx_path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            fix = (
+                f"re-export the model with a lower opset (`edgeserve export --model {manifest.name} "
+                "--opset 17`)"
+            )
+            if "imported_from" in manifest.source:
+                fix = "convert the model to a lower opset before `edgeserve import`"
             raise RepositoryError(
-                f"{onnx_path}: TensorRT's ONNX parser refused this stage ({errors}); re-export the model "
-                f"with a lower opset (`edgeserve export --model {manifest.name} --opset 17`) or serve it "
+                f"{onnx_path}: TensorRT's ONNX parser refused this stage ({errors}); {fix} or serve it "
                 "with `--backend onnxruntime`"
+            )
+        graph_inputs = sorted(network.get_input(i).name for i in range(network.num_inputs))
+        wanted = sorted(t.name for t in manifest.stages[stage].inputs)
+        if graph_inputs != wanted:
+            raise RepositoryError(
+                f"{onnx_path}: TensorRT parsed the inputs {graph_inputs}, the manifest says {wanted}"
             )
         config = self.builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
@@ -80,12 +115,18 @@ class EngineBuilder:
             config.set_flag(getattr(trt.BuilderFlag, flag))
         cache = config.create_timing_cache(self._cache_blob)
         config.set_timing_cache(cache, ignore_mismatch=False)
-        spec = manifest.stages[stage].input
-        for batch in sizes:  # profile i serves batch sizes[i] exactly
-            profile = self.builder.create_optimization_profile()
-            shape = (batch, *spec.shape)
-            profile.set_shape(spec.name, shape, shape, shape)
-            config.add_optimization_profile(profile)
+        if profile is None:
+            spec = manifest.stages[stage].input
+            for batch in sizes:  # profile i serves batch sizes[i] exactly
+                per_batch = self.builder.create_optimization_profile()
+                shape = (batch, *spec.shape)
+                per_batch.set_shape(spec.name, shape, shape, shape)
+                config.add_optimization_profile(per_batch)
+        else:  # one profile for every input of the stage (never executed here: no TensorRT)
+            one = self.builder.create_optimization_profile()
+            for shapes in profile_shapes(manifest, stage, profile):
+                one.set_shape(shapes.name, shapes.min, shapes.opt, shapes.max)
+            config.add_optimization_profile(one)
         serialized = self.builder.build_serialized_network(network, config)
         if serialized is None:
             raise RepositoryError(
@@ -101,4 +142,5 @@ class EngineBuilder:
         if self.timing_cache_path is not None:
             self.timing_cache_path.parent.mkdir(parents=True, exist_ok=True)
             self.timing_cache_path.write_bytes(self._cache_blob)
-        return new_record(manifest, stage, self.target, sizes, engine_path, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return new_record(manifest, stage, self.target, sizes, engine_path, seconds, profile)
