@@ -95,7 +95,8 @@ def measure_model(
     gc.collect()
     for exit in range(len(manifest.exits)):
         for batch in range(1, largest + 1):
-            x = {name: value[:batch] for name, value in inputs.items()}
+            rows = {name: value[:batch] for name, value in inputs.items()}
+            x = rows if len(rows) > 1 else next(iter(rows.values()))  # one input: the bare array
             samples = time_cell(backend, manifest.name, exit, x, settings.repeats, settings.warmup)
             table.add(ProfileCell.from_samples(exit, batch, samples))
             if on_cell is not None:
