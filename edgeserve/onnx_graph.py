@@ -134,9 +134,11 @@ def graph_tensors(sess: Any, path: Path) -> tuple[tuple[GraphTensor, ...], tuple
     def one(arg: Any, kind: str) -> GraphTensor:
         dtype = ORT_DTYPES.get(arg.type)
         if dtype is None:
+            hint = " (skl2onnx: options={id(model): {'zipmap': False}})" if "map(" in arg.type else ""
             raise RepositoryError(
-                f"{path}: {kind} {arg.name!r} is of type {arg.type}; edgeserve carries tensors of "
-                f"{', '.join(ORT_DTYPES.values())}: re-export the model with such a {kind}"
+                f"{path}: {kind} {arg.name!r} is of type {arg.type}, not a tensor of "
+                f"{', '.join(ORT_DTYPES.values())}, which is what edgeserve carries: re-export the model "
+                f"so that every {kind} is such a tensor{hint}"
             )
         dims = tuple(d if isinstance(d, (int, str)) or d is None else None for d in (arg.shape or ()))
         return GraphTensor(arg.name, dtype, dims)

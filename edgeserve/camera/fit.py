@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeserve.config.checks import image_layout
 from edgeserve.config.server import PreprocessConfig
 from edgeserve.errors import EdgeServeError
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
@@ -72,7 +73,7 @@ def check_frames(name: str, fit: ModelFit, frame: np.ndarray, max_frame_bytes: i
         raise CameraSetupError(
             f"{name}: model {fit.model!r} takes {list(fit.input_shape)}, not an image (C, H, W)"
         )
-    _, want_h, want_w = fit.input_shape
+    want_h, want_w = fit.input_shape[1:] if image_layout(fit.input_shape) == "chw" else fit.input_shape[:2]
     if height < want_h or width < want_w:
         raise CameraSetupError(
             f"{name}: frames are {size}, smaller than {fit.model!r}'s {want_w}x{want_h} input; "

@@ -185,3 +185,44 @@ def test_send_takes_several_inputs_from_an_npz_and_prints_every_output(
         )
         assert rc == 0, err
         assert out.count("sigmoid_0.tmp_0[1, 96, 128] float32") == 2
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_the_open_inference_protocol_front_takes_every_input_and_returns_every_output(
+    imported: Path, tmp_path: Path, binary: bool
+) -> None:
+    from edgeserve.wire.oip_client import OipClient
+
+    names = ("vad", "text-rec", "orientation-split")
+    base = {
+        "repository": str(imported),
+        "backend": {"name": "onnxruntime", "threads": 1, "warmup": 0},
+        "models": {name: {"slo_ms": 10_000} for name in names},
+        "listen": {"http": "127.0.0.1:0"},
+    }
+    repository = ModelRepository(imported)
+
+    async def drive(url: str) -> dict[str, Any]:
+        replies = {}
+        async with OipClient(url) as client:
+            for name in names:
+                manifest = repository.load_manifest(name)
+                xs = _samples(repository, name)[: 1 if manifest.max_batch == 1 else 2]
+                inputs = {
+                    t.name: np.stack([x[t.name] for x in xs]) if t.batched else xs[0][t.name]
+                    for t in manifest.inputs
+                }
+                replies[name] = (xs, await client.infer(name, inputs, binary=binary))
+        return replies
+
+    with server_thread(base) as server:
+        url = next(u for u in server.net.urls if u.startswith("http://"))
+        replies = asyncio.run(drive(url))
+    for name, (xs, reply) in replies.items():
+        manifest = repository.load_manifest(name)
+        session = _original(name)
+        for i, x in enumerate(xs):
+            for output, value in _expected(session, repository, name, x).items():
+                spec = next(t for t in manifest.exit_outputs(len(manifest.exits) - 1) if t.name == output)
+                got = reply.response.output(output)
+                np.testing.assert_allclose(got[i] if spec.batched else got, value, atol=ATOL, rtol=1e-4)
