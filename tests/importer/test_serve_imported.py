@@ -226,3 +226,48 @@ def test_the_open_inference_protocol_front_takes_every_input_and_returns_every_o
                 spec = next(t for t in manifest.exit_outputs(len(manifest.exits) - 1) if t.name == output)
                 got = reply.response.output(output)
                 np.testing.assert_allclose(got[i] if spec.batched else got, value, atol=ATOL, rtol=1e-4)
+
+
+def test_imported_single_exit_models_are_scheduled_beside_early_exit_ones(
+    imported: Path, tmp_path: Path
+) -> None:
+    """One server, one scheduler: exported early-exit models (any exit) and imported ones (one exit)."""
+    import shutil
+
+    from runtime_support import profiled_tiny_repository
+
+    root = tmp_path / "mixed"
+    tiny = profiled_tiny_repository(root)
+    for name in ("orientation", "vad"):
+        shutil.copytree(imported / name, root / name)
+    models = {name: {"slo_ms": 10_000} for name in ("tiny_a", "tiny_b", "orientation", "vad")}
+    base = {
+        "repository": str(root),
+        "backend": {"name": "onnxruntime", "threads": 1, "warmup": 0},
+        "models": models,
+    }
+    repository = ModelRepository(root)
+    requests = {
+        "tiny_a": list(tiny["tiny_a"].random_input(8)),
+        "tiny_b": list(tiny["tiny_b"].random_input(8)),
+        "orientation": [x["x"] for x in _samples(repository, "orientation")],
+        "vad": _samples(repository, "vad"),
+    }
+
+    async def drive(url: str) -> dict[str, list[Any]]:
+        async with await connect(url) as client:
+            futures = {name: [client.send(name, x) for x in xs] for name, xs in requests.items()}
+            return {name: list(await asyncio.gather(*fs)) for name, fs in futures.items()}
+
+    with server_thread(net_config(base, tmp_path)) as server:
+        replies = asyncio.run(drive(server.unix_url))
+    for name, answers in replies.items():
+        assert all(r.ok for r in answers), (name, [r.error for r in answers if not r.ok])
+    for name in ("tiny_a", "tiny_b"):
+        exits = repository.load_manifest(name).exit_names
+        for x, reply in zip(requests[name], replies[name], strict=True):
+            assert reply.exit_name in exits
+            np.testing.assert_allclose(
+                reply.output, tiny[name].forward(x[None], reply.exit_index)[0], atol=1e-4
+            )
+    assert {r.exit_name for r in replies["orientation"] + replies["vad"]} == {"output"}
