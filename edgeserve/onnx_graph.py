@@ -197,7 +197,7 @@ def _suggest(tensor: GraphTensor, batched: bool) -> str:
     fixed = tensor.fixed
     words: list[str] = []
     for i, d in enumerate(fixed):
-        if i == 0 and batched:
+        if i == 0 and batched and d is None:
             words.append("N")
         elif d is not None:
             words.append(str(d))
@@ -309,7 +309,11 @@ def infer(
                     f"{path}: dimension {index}{label} of input {t.name!r} {t.show()} is dynamic and is not "
                     f"the batch dimension, so edgeserve needs its size: "
                     + fix.format(shape=_suggest(t, b))
-                    + " (with the size you will send; the batch entry stays N)"
+                    + (
+                        " (with the size you will send; the batch entry stays N)"
+                        if b and batch is None
+                        else " (with the size you will send)"
+                    )
                 )
         per_sample = tuple(int(s) for s in rest)  # type: ignore[arg-type]
         specs.append(TensorSpec(t.name, per_sample, t.dtype, batched=b))

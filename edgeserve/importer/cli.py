@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [("input", t) for t in manifest.inputs] + [("output", t) for t in manifest.stages[-1].outputs]
     width = max(len(t.name) for _, t in rows)
     for kind, t in rows:
-        print(f"  {kind:<7}{t.name:<{width}}  {t.dtype:<8} {_shape(t)}")
+        print(f"  {kind:<7}{t.name:<{width}}  {t.dtype:<8} {_shape(t, manifest.batch)}")
     if count > 1:
         for stage in manifest.stages:
             takes = ", ".join(t.name for t in stage.inputs)
@@ -126,9 +126,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shape(t: TensorSpec) -> str:
+def _shape(t: TensorSpec, batch: int | None) -> str:
+    """The graph's shape: N for a dynamic batch, the fixed batch size, ? for a size that varies."""
     dims = ["?" if d == -1 else str(d) for d in t.shape]
-    return "[" + ", ".join((["N"] if t.batched else []) + dims) + "]" + ("" if t.batched else "  (unbatched)")
+    first = ["N" if batch is None else str(batch)] if t.batched else []
+    return "[" + ", ".join(first + dims) + "]" + ("" if t.batched else "  (unbatched)")
 
 
 def _list(path: Path, shapes: dict[str, tuple[int | None, ...]]) -> int:
