@@ -28,15 +28,34 @@ class ModelLatency:
     # The profile's median per cell (seconds, same shape), when known: online calibration compares
     # observed batch times with it (a median of few samples is steadier than their p95).
     typical: np.ndarray | None = field(default=None, repr=False, compare=False)
-    # by_batch[b-1][exit_pos]: the same numbers as Python floats, for per-call scalar lookups.
+    # The profile's mean per cell (seconds, same shape), when known: what a batch costs the
+    # executor on average, i.e. throughput (the batch look-ahead, candidates.split_batch). A
+    # heavy-tailed cell's p95 says little about it. Unknown: the planning quantile stands in.
+    mean: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # by_batch[b-1][exit_pos]: the same numbers as Python floats, for per-call scalar lookups;
+    # mean_by_batch likewise for `mean` (or the planning quantile where it is unknown).
     by_batch: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
+    mean_by_batch: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.seconds.shape != (len(self.exit_ids), self.max_batch):
             raise ValueError(f"{self.name}: latency array {self.seconds.shape} != exits x batches")
         if not np.all(np.isfinite(self.seconds)) or np.any(self.seconds <= 0):
             raise ProfileError(f"{self.name}: profile has missing or non-positive latencies")
+        if self.mean is not None and (
+            self.mean.shape != self.seconds.shape
+            or not np.all(np.isfinite(self.mean))
+            or np.any(self.mean <= 0)
+        ):
+            raise ProfileError(f"{self.name}: mean latencies missing, non-positive or of the wrong shape")
         object.__setattr__(self, "by_batch", tuple(tuple(col) for col in self.seconds.T.tolist()))
+        self._set_mean_by_batch()
+
+    def _set_mean_by_batch(self) -> None:
+        if self.mean is None:
+            object.__setattr__(self, "mean_by_batch", self.by_batch)
+        else:
+            object.__setattr__(self, "mean_by_batch", tuple(tuple(col) for col in self.mean.T.tolist()))
 
     def latency(self, exit_pos: int, batch: int) -> float:
         return self.by_batch[batch - 1][exit_pos]
@@ -48,8 +67,11 @@ class ModelLatency:
             raise ValueError(f"{self.name}: latency array {seconds.shape} != {self.seconds.shape}")
         if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
             raise ValueError(f"{self.name}: latencies must be finite and positive")
+        if self.mean is not None:  # the mean moves with the cell (calibration scales cells)
+            object.__setattr__(self, "mean", self.mean * (seconds / self.seconds))
         object.__setattr__(self, "seconds", seconds)
         object.__setattr__(self, "by_batch", tuple(tuple(col) for col in seconds.T.tolist()))
+        self._set_mean_by_batch()
 
     def deepest_feasible(self, batch: int, slack: float) -> int:
         """Position of the deepest exit that finishes within `slack` seconds, else 0 (Eq. 6)."""
@@ -131,6 +153,7 @@ class LatencyModel:
                 )
             matrix = table.matrix(quantile)[keep, :batch] / 1000.0
             typical = table.matrix("p50")[keep, :batch] / 1000.0
+            mean = table.matrix("mean")[keep, :batch] / 1000.0
             models.append(
                 ModelLatency(
                     name=name,
@@ -139,6 +162,7 @@ class LatencyModel:
                     max_batch=batch,
                     seconds=np.ascontiguousarray(matrix),
                     typical=np.ascontiguousarray(typical),
+                    mean=np.ascontiguousarray(mean),
                 )
             )
         return cls(models=tuple(models), quantile=quantile)
