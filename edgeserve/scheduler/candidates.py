@@ -15,13 +15,6 @@ from edgeserve.scheduler.latency import ModelLatency
 
 EXIT_RULES = ("adaptive", "final", "shallowest", "protective", "safe")
 TIE_RTOL = 1e-9
-# Batch look-ahead (split_batch): a smaller batch is chosen only when it serves the same tasks in
-# at least this much less predicted time than the largest batch that is within it of the best;
-# profile noise of a few percent must not flip the batch size.
-BATCH_RTOL = 0.05
-# What one more dispatch costs beyond its profiled batch time (the decision, the hand-off to the
-# executor thread): splitting must pay for it.
-DISPATCH_OVERHEAD_S = 100e-6
 
 
 @dataclass(frozen=True)
@@ -99,55 +92,6 @@ def choose_exits(
         safe = [a <= p for a, p in zip(paper, protective, strict=True)]
         return (paper, safe) if any(safe) else (protective, everyone)
     return [choose_exit(m, rule, b, s) for m, b, s in zip(models, batches, slacks, strict=True)], everyone
-
-
-def split_batch(
-    model: ModelLatency,
-    exit_pos: int,
-    n: int,
-    overhead_s: float = DISPATCH_OVERHEAD_S,
-    rtol: float = BATCH_RTOL,
-) -> int:
-    """The batch size to serve now, of the `n` head tasks the paper's rule would batch (its Eq. 5).
-
-    Look-ahead: serve those n tasks back to back in batches of b (FIFO, the last one smaller) at
-    this exit. With the quantile the policy plans with, that takes P(b) = (n // b) * L(b) + L(n % b);
-    on average (the profile's mean) it occupies the executor C(b), plus `overhead_s` per batch.
-
-    - Safe: only sizes with P(b) <= P(n). Then each of the n tasks finishes, as planned, no later
-      than in the paper's one batch of n, and every other queue waits no longer: a split never
-      loses a task that the paper's batch would save.
-    - Cheap: of those, the largest b whose C(b) is within `rtol` of the least: the same tasks
-      for less executor time, i.e. more throughput (the mean, not the p95, is what a stream of
-      batches costs; a heavy-tailed cell's p95 misleads).
-
-    Where batching pays (the paper's GPU: L(10) ~ 2 L(1)) that is b = n, the paper's rule; where a
-    batch grows faster than its size (a CPU cell whose batch of 10 costs more than two of 5), the
-    same tasks are served in smaller, quicker batches.
-    """
-    if n <= 1:
-        return n
-    plan, mean = model.by_batch, model.mean_by_batch
-    limit = _split_time(plan, exit_pos, n, n, 0.0)
-    costs = [
-        _split_time(mean, exit_pos, n, b, overhead_s)
-        if _split_time(plan, exit_pos, n, b, 0.0) <= limit
-        else math.inf
-        for b in range(1, n + 1)
-    ]
-    cheapest = min(costs) * (1.0 + rtol)
-    b = n
-    while costs[b - 1] > cheapest:
-        b -= 1
-    return b
-
-
-def _split_time(
-    table: tuple[tuple[float, ...], ...], exit_pos: int, n: int, b: int, overhead_s: float
-) -> float:
-    full, rest = divmod(n, b)
-    t = full * (table[b - 1][exit_pos] + overhead_s)
-    return t + (table[rest - 1][exit_pos] + overhead_s if rest else 0.0)
 
 
 def pick_min(scores: Sequence[float]) -> int:

@@ -30,14 +30,14 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from edgeserve.scheduler.candidates import Candidate, pick_min, split_batch
+from edgeserve.scheduler.candidates import Candidate, pick_min
 from edgeserve.scheduler.decision import Dispatch
 from edgeserve.scheduler.latency import LatencyModel
 from edgeserve.scheduler.queues import TaskQueue
 from edgeserve.scheduler.stability import StabilityPolicy
 from edgeserve.scheduler.urgency import Urgency
 
-# "max": the paper's batch, min(|Q|, B_max); "lookahead": candidates.split_batch cuts it where
+# "max": the paper's batch, min(|Q|, B_max); "lookahead": latency.split_batch cuts it where
 # smaller batches serve the same tasks sooner (the CPU profiles; on the GPU profile it is "max").
 BATCH_RULES = ("lookahead", "max")
 
@@ -130,7 +130,7 @@ class GuardedStabilityPolicy:
         model = self.latency.models[pick.model]
         batch, delta = pick.batch, pick.delta_s
         if self.batch_rule == "lookahead" and batch > 1:
-            batch = split_batch(model, pick.exit_pos, batch)
+            batch = model.batch_for(pick.exit_pos, batch)
             delta = model.by_batch[batch - 1][pick.exit_pos]
         return Dispatch(
             model=pick.model,

@@ -1,4 +1,4 @@
-"""The default's batch look-ahead (candidates.split_batch) against the paper's batch min(|Q|, B_max)."""
+"""The default's batch look-ahead (latency.split_batch) against the paper's batch min(|Q|, B_max)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgeserve.scheduler import DEFAULT_POLICY, Dispatch, LatencyModel, ModelLatency, TaskQueue, make_policy
-from edgeserve.scheduler.candidates import split_batch
+from edgeserve.scheduler.latency import split_batch
 from edgeserve.scheduler.synthetic import paper_gpu_profiles
 
 SLO = 0.080
@@ -59,7 +59,7 @@ def test_split_batch_never_takes_longer_than_the_paper_batch_and_is_the_max_on_t
         model = ModelLatency("r", ("a", "b", "c"), (0, 1, 2), 10, table)
         for n in range(1, 11):
             for e in range(3):
-                b = split_batch(model, e, n, overhead_s=0.0)
+                b = split_batch(model.by_batch, model.mean_by_batch, e, n, overhead_s=0.0)
                 assert 1 <= b <= n
                 assert _time(model, e, n, b) <= _time(model, e, n, n) + 1e-12
                 # every task of the n finishes no later than in one batch of n
@@ -67,7 +67,7 @@ def test_split_batch_never_takes_longer_than_the_paper_batch_and_is_the_max_on_t
     gpu = LatencyModel.from_profiles(paper_gpu_profiles(samples=20))
     for model in gpu.models:
         for e in range(len(model.exit_ids)):
-            assert [split_batch(model, e, n) for n in range(1, 11)] == list(range(1, 11))
+            assert [model.batch_for(e, n) for n in range(1, 11)] == list(range(1, 11))
 
 
 def test_on_the_paper_gpu_the_default_decides_as_the_max_batch_rule() -> None:
