@@ -90,3 +90,24 @@ def test_an_unknown_batch_rule_is_refused() -> None:
 
     with pytest.raises(ValueError, match="batch rule"):
         GuardedStabilityPolicy(LatencyModel((_model(GPU_FINAL_MS),)), batch_rule="min")
+
+
+def test_a_heavy_tailed_p95_does_not_split_a_batch_that_pays_on_average() -> None:
+    # p95s of a noisy CPU cell (tests/scheduler/data/cpu/t2, digits-m final): ten batches of 1 look
+    # cheaper than one of 10 (8.2 vs 10.1 ms), but on average a batch of 1 takes 0.76 ms and one of
+    # 10 4.33 ms: splitting would cost throughput. The look-ahead judges cost by the mean.
+    p95 = np.array([[0.2] * 10, [0.82, 8.48, 4.61, 8.72, 5.14, 9.05, 9.82, 9.62, 9.57, 10.10]]) / 1000.0
+    mean = np.array([[0.1] * 10, [0.76, 1.07, 1.07, 1.39, 1.69, 2.27, 2.92, 3.52, 3.46, 4.33]]) / 1000.0
+    with_mean = ModelLatency("m", ("early", "final"), (0, 1), 10, p95, mean=mean)
+    p95_only = ModelLatency("m", ("early", "final"), (0, 1), 10, p95)
+    assert with_mean.batch_for(1, 10) == 10
+    assert p95_only.batch_for(1, 10) == 1  # what a p95-only look-ahead would do
+
+
+def test_calibration_moves_the_look_ahead_with_the_table() -> None:
+    latency = LatencyModel((_model(GPU_FINAL_MS),))
+    assert latency.models[0].batch_for(1, 10) == 10
+    cpu = np.array([np.linspace(0.2, 1.0, 10), CPU_FINAL_MS]) / 1000.0
+    latency.set_seconds(0, cpu)
+    assert latency.models[0].batch_for(1, 10) == 6
+    assert make_policy(DEFAULT_POLICY, latency).decide([_queue(12)], 1.0).batch == 6
