@@ -20,8 +20,14 @@ The guard keeps the stability pick unless it provably costs a task that another 
    queue's least count). Otherwise the queue with the fewest doomed tasks is served (ties: the
    stability score), at the deepest exit that reaches that count.
 
-Light load: nothing is doomed, the pick is stability-safe's, with its accuracy. Overload: the
+Light load: nothing is doomed, the pick is stability-safe-exit's, with its accuracy. Overload: the
 move that keeps the most tasks savable, as EDF would, at the deepest exit that allows it.
+
+4. Batch (batch_rule "lookahead", the default `stability-safe`): the picked queue's n = min(|Q|,
+   B_max) head tasks are served in the batch size latency.split_batch chooses: the cheapest on
+   average among those that, served back to back, finish every one of the n no later (as planned)
+   than one batch of n. On a GPU that is n; on a CPU whose big batches cost more than several
+   small ones, a smaller batch. batch_rule "max" (`stability-safe-maxbatch`) keeps n.
 """
 
 from __future__ import annotations
