@@ -54,6 +54,9 @@ SCALES = (
         mixed_budgets=True,
         policy=DEFAULT_POLICY,
     ),
+    # the default before the batch look-ahead, for comparison in the same run
+    Scale("paper scale, stability-safe-maxbatch", 3, 30, policy="stability-safe-maxbatch"),
+    Scale("16 x 1000, stability-safe-maxbatch", 16, 1000, policy="stability-safe-maxbatch"),
 )
 
 

@@ -260,7 +260,31 @@ def report(cells: dict[tuple, dict], default: str, policies: Sequence[str]) -> l
     return out
 
 
-def plot(regrets: list[dict], path: Path) -> None:
+def summary(cells: dict[tuple, dict], regrets: list[dict], default: str, policies: Sequence[str]) -> None:
+    """Per profile: cells, how many the default loses clearly (and to whom), mean violations."""
+    print(f"\n{'profile':34s} {'cells':>5s} {'beaten':>6s}  mean violation % (accuracy %) per policy")
+    for prof in sorted({r["profile"] for r in regrets}):
+        mine = [r for r in regrets if r["profile"] == prof]
+        lost = [r for r in mine if r["beaten"]]
+        by: dict[str, int] = {}
+        for r in lost:
+            by[r["best_rival"]] = by.get(r["best_rival"], 0) + 1
+        means = []
+        for pol in policies:
+            vals = [v for k, v in cells.items() if k[0] == prof and k[3] == pol]
+            viol = np.mean([v["violation_pct"] for v in vals])
+            acc = np.mean([v["accuracy_pct"] for v in vals])
+            means.append(f"{pol} {viol:.2f} ({acc:.1f})")
+        print(f"{prof:34s} {len(mine):5d} {len(lost):6d}  " + "; ".join(means))
+        if by:
+            print(
+                " " * 48
+                + "beaten by: "
+                + ", ".join(f"{p} {n}" for p, n in sorted(by.items(), key=lambda x: -x[1]))
+            )
+
+
+def plot(regrets: list[dict], path: Path, default: str = DEFAULT_POLICY) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,7 +303,7 @@ def plot(regrets: list[dict], path: Path) -> None:
         for j in range(len(loads)):
             ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6)
     ax.set_xlabel("load (x All-Final capacity)")
-    ax.set_title(f"{DEFAULT_POLICY}: regret vs best rival (violation points)", fontsize=9)
+    ax.set_title(f"{default}: regret vs best rival (violation points)", fontsize=9)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,13 +324,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"workloads {', '.join(QUICK)}; GPU; 1 seed")
     parser.add_argument("--json", type=Path, help="write the per-seed rows here")
     parser.add_argument("--plot", type=Path, help="heat map of the default's regret")
+    parser.add_argument(
+        "--default",
+        default=DEFAULT_POLICY,
+        help=f"the policy judged against the others (default: {DEFAULT_POLICY}); e.g. an earlier default",
+    )
+    parser.add_argument(
+        "--rows-from",
+        type=Path,
+        action="append",
+        help="per-seed rows of an earlier --json run to add (same conditions; rows run now replace "
+        "them); e.g. run the rivals once, then only the policy under study",
+    )
     args = parser.parse_args(argv)
+    default = args.default
     which = ["gpu"] if args.quick else args.profiles.split(",")
     names = set(args.workload or (QUICK if args.quick else [w.name for w in WORKLOADS]))
     workloads = [w for w in WORKLOADS if w.name in names]
     policies = tuple(args.policy or POLICIES)
-    if DEFAULT_POLICY not in policies:
-        policies = (DEFAULT_POLICY, *policies)
+    if default not in policies and not args.rows_from:
+        policies = (default, *policies)
     seeds = 1 if args.quick else args.seeds
     loads = [float(x) for x in args.loads.split(",")]
     profiles = load_profiles(which)
@@ -329,10 +366,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {done}/{len(jobs)} jobs", file=sys.stderr, flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows))
+    ran = {(r["profile"], r["workload"], r["load"], r["seed"], r["policy"]) for r in rows}
+    for path in args.rows_from or []:
+        earlier = json.loads(path.read_text())
+        rows += [
+            r for r in earlier if (r["profile"], r["workload"], r["load"], r["seed"], r["policy"]) not in ran
+        ]
+        policies = (*policies, *dict.fromkeys(r["policy"] for r in earlier if r["policy"] not in policies))
     cells = aggregate(rows)
-    regrets = report(cells, DEFAULT_POLICY, policies)
+    cells = {k: v for k, v in cells.items() if all((*k[:3], p) in cells for p in policies)}
+    regrets = report(cells, default, policies)
     lost = [r for r in regrets if r["beaten"]]
-    print(f"\n{DEFAULT_POLICY} beaten clearly in {len(lost)} of {len(regrets)} cells", end="")
+    print(f"\n{default} beaten clearly in {len(lost)} of {len(regrets)} cells", end="")
     print(
         ""
         if not lost
@@ -342,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"max regret {max(r['regret'] for r in regrets):.3f} points")
+    summary(cells, regrets, default, policies)
     if args.plot:
-        plot(regrets, args.plot)
+        plot(regrets, args.plot, default)
         print(f"heat map: {args.plot}")
     return 0
 

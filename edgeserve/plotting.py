@@ -45,6 +45,7 @@ FIXED: dict[str, str] = {
     "early-exit-edf": PALETTE[0],
     "all-final-deadline-aware": PALETTE[1],
     "symphony": PALETTE[2],
+    "stability-safe-maxbatch": PALETTE[7],
     "all": "#333333",
 }
 

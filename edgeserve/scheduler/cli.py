@@ -84,7 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--policy",
         action="append",
         default=[],
-        help="policy (repeatable; default: all). Names: see --list-policies",
+        help="policy (repeatable; default: all). Names: see --list-policies (* marks a server's default)",
     )
     sweep.add_argument("--list-policies", action="store_true", help="print the policies and exit")
     sweep.add_argument(
@@ -170,7 +170,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         require_module("matplotlib", "simulate's plots", "add --no-plots for the CSV only")
     from edgeserve.scheduler import sources
     from edgeserve.scheduler.accuracy import manifest_accuracy, paper_accuracy
-    from edgeserve.scheduler.policies import POLICIES
+    from edgeserve.scheduler.policies import DEFAULT_POLICY, POLICIES
     from edgeserve.scheduler.sweep import (
         Mix,
         SweepSpec,
@@ -182,7 +182,9 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     if args.list_policies:
         for spec in POLICIES.values():
-            print(f"{spec.name:26s} {spec.label:26s} {spec.summary}")
+            mark = "*" if spec.name == DEFAULT_POLICY else " "
+            print(f"{mark} {spec.name:26s} {spec.label:26s} {spec.summary}")
+        print(f"* the default of a server ([scheduler] policy unset): {DEFAULT_POLICY}")
         return 0
     chosen = sum(bool(x) for x in (args.repository or args.model, args.profile_json, args.paper_gpu))
     if chosen != 1:

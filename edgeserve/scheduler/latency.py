@@ -7,6 +7,7 @@ their manifest index.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -14,6 +15,67 @@ import numpy as np
 
 from edgeserve.errors import ProfileError
 from edgeserve.profile import ProfileTable
+
+# [batch-1][exit_pos] -> seconds
+Table = tuple[tuple[float, ...], ...]
+
+# Batch look-ahead (split_batch): the largest batch whose mean executor time is within this
+# fraction of the cheapest is served, so that profile noise of a few percent does not shrink it.
+BATCH_RTOL = 0.05
+# What one more dispatch costs beyond its profiled batch time (the decision, the hand-off to the
+# executor thread): splitting must pay for it.
+DISPATCH_OVERHEAD_S = 100e-6
+
+
+def split_batch(
+    plan: Table,
+    mean: Table,
+    exit_pos: int,
+    n: int,
+    overhead_s: float = DISPATCH_OVERHEAD_S,
+    rtol: float = BATCH_RTOL,
+) -> int:
+    """The batch size to serve now, of the `n` head tasks the paper's rule would batch (its Eq. 5).
+
+    `plan` and `mean` are [batch-1][exit_pos] tables (ModelLatency.by_batch, .mean_by_batch);
+    ModelLatency.batch_for looks the answer up, precomputed for every (exit, n).
+
+    Look-ahead: serve those n tasks back to back in batches of b (FIFO, the last one smaller) at
+    this exit. With the quantile the policy plans with, that takes P(b) = (n // b) * L(b) + L(n % b);
+    on average (the profile's mean) it occupies the executor C(b), plus `overhead_s` per batch.
+
+    - Safe: only sizes with P(b) <= P(n). Then each of the n tasks finishes, as planned, no later
+      than in the paper's one batch of n, and every other queue waits no longer: a split never
+      loses a task that the paper's batch would save.
+    - Cheap: of those, the largest b whose C(b) is within `rtol` of the least: the same tasks
+      for less executor time, i.e. more throughput (the mean, not the p95, is what a stream of
+      batches costs; a heavy-tailed cell's p95 misleads).
+
+    Where batching pays (the paper's GPU: L(10) ~ 2 L(1)) that is b = n, the paper's rule; where a
+    batch grows faster than its size (a CPU cell whose batch of 10 costs more than two of 5), the
+    same tasks are served in smaller, quicker batches.
+    """
+    if n <= 1:
+        return n
+    limit = _split_time(plan, exit_pos, n, n, 0.0)
+    costs = [
+        _split_time(mean, exit_pos, n, b, overhead_s)
+        if _split_time(plan, exit_pos, n, b, 0.0) <= limit
+        else math.inf
+        for b in range(1, n + 1)
+    ]
+    cheapest = min(costs) * (1.0 + rtol)
+    b = n
+    while costs[b - 1] > cheapest:
+        b -= 1
+    return b
+
+
+def _split_time(table: Table, exit_pos: int, n: int, b: int, overhead_s: float) -> float:
+    """Seconds to serve n tasks in batches of b, back to back (FIFO, the last batch n % b)."""
+    full, rest = divmod(n, b)
+    t = full * (table[b - 1][exit_pos] + overhead_s)
+    return t + (table[rest - 1][exit_pos] + overhead_s if rest else 0.0)
 
 
 @dataclass(frozen=True)
@@ -28,15 +90,45 @@ class ModelLatency:
     # The profile's median per cell (seconds, same shape), when known: online calibration compares
     # observed batch times with it (a median of few samples is steadier than their p95).
     typical: np.ndarray | None = field(default=None, repr=False, compare=False)
-    # by_batch[b-1][exit_pos]: the same numbers as Python floats, for per-call scalar lookups.
-    by_batch: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
+    # The profile's mean per cell (seconds, same shape), when known: what a batch costs the
+    # executor on average, i.e. throughput (the batch look-ahead, split_batch). A
+    # heavy-tailed cell's p95 says little about it. Unknown: the planning quantile stands in.
+    mean: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # by_batch[b-1][exit_pos]: the same numbers as Python floats, for per-call scalar lookups;
+    # mean_by_batch likewise for `mean` (or the planning quantile where it is unknown).
+    by_batch: Table = field(init=False, repr=False, compare=False)
+    mean_by_batch: Table = field(init=False, repr=False, compare=False)
+    # splits[n-1][exit_pos]: split_batch's answer for n head tasks at that exit (batch_for).
+    splits: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.seconds.shape != (len(self.exit_ids), self.max_batch):
             raise ValueError(f"{self.name}: latency array {self.seconds.shape} != exits x batches")
         if not np.all(np.isfinite(self.seconds)) or np.any(self.seconds <= 0):
             raise ProfileError(f"{self.name}: profile has missing or non-positive latencies")
+        if self.mean is not None and (
+            self.mean.shape != self.seconds.shape
+            or not np.all(np.isfinite(self.mean))
+            or np.any(self.mean <= 0)
+        ):
+            raise ProfileError(f"{self.name}: mean latencies missing, non-positive or of the wrong shape")
         object.__setattr__(self, "by_batch", tuple(tuple(col) for col in self.seconds.T.tolist()))
+        self._set_mean_by_batch()
+
+    def _set_mean_by_batch(self) -> None:
+        if self.mean is None:
+            object.__setattr__(self, "mean_by_batch", self.by_batch)
+        else:
+            object.__setattr__(self, "mean_by_batch", tuple(tuple(col) for col in self.mean.T.tolist()))
+        splits = tuple(
+            tuple(split_batch(self.by_batch, self.mean_by_batch, e, n) for e in range(len(self.exit_ids)))
+            for n in range(1, self.max_batch + 1)
+        )
+        object.__setattr__(self, "splits", splits)
+
+    def batch_for(self, exit_pos: int, n: int) -> int:
+        """How many of the `n` head tasks to serve now at this exit (split_batch; O(1))."""
+        return self.splits[n - 1][exit_pos]
 
     def latency(self, exit_pos: int, batch: int) -> float:
         return self.by_batch[batch - 1][exit_pos]
@@ -48,8 +140,11 @@ class ModelLatency:
             raise ValueError(f"{self.name}: latency array {seconds.shape} != {self.seconds.shape}")
         if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
             raise ValueError(f"{self.name}: latencies must be finite and positive")
+        if self.mean is not None:  # the mean moves with the cell (calibration scales cells)
+            object.__setattr__(self, "mean", self.mean * (seconds / self.seconds))
         object.__setattr__(self, "seconds", seconds)
         object.__setattr__(self, "by_batch", tuple(tuple(col) for col in seconds.T.tolist()))
+        self._set_mean_by_batch()
 
     def deepest_feasible(self, batch: int, slack: float) -> int:
         """Position of the deepest exit that finishes within `slack` seconds, else 0 (Eq. 6)."""
@@ -131,6 +226,7 @@ class LatencyModel:
                 )
             matrix = table.matrix(quantile)[keep, :batch] / 1000.0
             typical = table.matrix("p50")[keep, :batch] / 1000.0
+            mean = table.matrix("mean")[keep, :batch] / 1000.0
             models.append(
                 ModelLatency(
                     name=name,
@@ -139,6 +235,7 @@ class LatencyModel:
                     max_batch=batch,
                     seconds=np.ascontiguousarray(matrix),
                     typical=np.ascontiguousarray(typical),
+                    mean=np.ascontiguousarray(mean),
                 )
             )
         return cls(models=tuple(models), quantile=quantile)

@@ -94,10 +94,20 @@ def _specs() -> dict[str, PolicySpec]:
             lambda lat, o: StabilityPolicy(lat, o.urgency, "safe", None, o.scorer, "stability-safe-exit"),
         ),
         PolicySpec(
-            "stability-safe",
+            "stability-safe-maxbatch",
             "Ours+safe-exit+guard (edgeserve)",
             "stability-safe-exit, overridden when an optimistic earliest-deadline look-ahead shows another "
-            "first move (queue, exit) would save more queued tasks",
+            "first move (queue, exit) would save more queued tasks; the paper's batch min(|Q|, B_max); "
+            "the default before the batch look-ahead",
+            lambda lat, o: GuardedStabilityPolicy(
+                lat, o.urgency, o.scorer, "stability-safe-maxbatch", batch_rule="max"
+            ),
+        ),
+        PolicySpec(
+            "stability-safe",
+            "Ours+safe-exit+guard+batch look-ahead (edgeserve)",
+            "stability-safe-maxbatch, serving the chosen queue's batch in smaller pieces where the profile "
+            "says they finish the same tasks sooner (batching that does not pay, as on a CPU)",
             lambda lat, o: GuardedStabilityPolicy(lat, o.urgency, o.scorer, "stability-safe"),
         ),
         PolicySpec(

@@ -180,4 +180,5 @@ def test_list_policies_names_the_paper_labels(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     for label in ("All-Final+Deadline-Aware", "Ours+bs=1", "Symphony", "Early-Exit+EDF"):
         assert label in out
+    assert "* stability-safe " in out and "  stability-safe-maxbatch " in out  # * marks the default
     assert not os.path.exists("out/simulate")
