@@ -395,7 +395,7 @@ def write_config(
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
     ]
     lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
-    scheduler = {"late_tasks": args.late_tasks, "admission": admission}
+    scheduler = {"late_tasks": args.late_tasks, "admission": admission, "policy": args.policy}
     lines += ["[scheduler]", *(f'{k} = "{v}"' for k, v in scheduler.items() if v)]
     if args.no_calibration:
         lines += ["calibration = false"]
@@ -428,6 +428,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=2.0, help="drain: wait this long for answers")
     parser.add_argument("--no-fairness", action="store_true", help="skip the flood-vs-polite case")
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
+    parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
     parser.add_argument("--repository", type=Path, default=Path("engines"))
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
