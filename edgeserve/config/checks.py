@@ -119,7 +119,7 @@ def check_preprocess(models: Mapping[str, Any], repository: Any) -> None:
 
     repo = ModelRepository(repository)
     for name, model in models.items():
-        if getattr(model, "preprocess", None) is None or not repo.manifest_path(name).exists():
+        if getattr(model, "preprocess", None) is None or not repo.has_model(name):
             continue
         try:
             manifest = repo.load_manifest(name, verify=False)
