@@ -93,6 +93,19 @@ _OS_FIXES = {
 }
 
 
+def positive_int_arg(text: str) -> int:
+    """An argparse `type` for options that take a whole number >= 1, with a message naming the value."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def debug_requested(flag: bool = False) -> bool:
     """True with --debug or EDGESERVE_DEBUG set to anything but empty or 0."""
     return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0")

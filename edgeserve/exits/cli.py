@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from edgeserve.errors import positive_int_arg
 from edgeserve.exits import TrainExitsError
 from edgeserve.manifest import ExitSpec, Manifest, TensorSpec
 from edgeserve.repository import ModelRepository, check_model_name, default_root
@@ -40,16 +41,6 @@ See docs/bring-your-own-model.md.
 """
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train-exits",
@@ -73,17 +64,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="the model output that holds the class scores (default: the model's one output)",
     )
     parser.add_argument(
-        "--epochs", type=_positive, default=100, help="passes over the training features (default 100)"
+        "--epochs", type=positive_int_arg, default=100, help="passes over the training features (default 100)"
     )
     parser.add_argument(
         "--val-fraction", type=float, default=0.2, help="share held out to measure accuracy (default 0.2)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and the training (default 0)")
     parser.add_argument(
-        "--batch-size", type=_positive, default=32, help="samples per backbone run (default 32)"
+        "--batch-size", type=positive_int_arg, default=32, help="samples per backbone run (default 32)"
     )
     parser.add_argument(
-        "--threads", type=_positive, default=None, help="ONNX Runtime threads (default: its own)"
+        "--threads", type=positive_int_arg, default=None, help="ONNX Runtime threads (default: its own)"
     )
     parser.add_argument("--force", action="store_true", help="replace the exit heads of an earlier run")
     parser.set_defaults(func=train_exits_command)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from edgeserve.config.server import PRECISIONS
-from edgeserve.errors import EdgeServeError, RepositoryError
+from edgeserve.errors import EdgeServeError, RepositoryError, positive_int_arg
 from edgeserve.manifest import Manifest
 from edgeserve.repository import ModelRepository, default_root
 from edgeserve.runtime.backends.engine_cache import (
@@ -52,16 +52,6 @@ On a Jetson: TensorRT comes with JetPack; lock the clocks first (`sudo nvpmodel 
 """
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def parse_target(text: str, precision: str) -> BuildTarget:
     """`DEVICE:CC:TRT_VERSION` (e.g. "Orin:8.7:10.3.0") -> a BuildTarget, for planning elsewhere."""
     parts = text.rsplit(":", 2)
@@ -98,19 +88,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--max-batch",
-        type=_positive,
+        type=positive_int_arg,
         default=DEFAULT_MAX_BATCH,
         help=f"largest batch (default {DEFAULT_MAX_BATCH}); export's models get one profile per size "
         "1..N, imported ones one profile for 1..N",
     )
     parser.add_argument(
         "--opt-batch",
-        type=_positive,
+        type=positive_int_arg,
         default=None,
         help="imported models: the batch the one profile is tuned for (default: --max-batch)",
     )
     parser.add_argument(
-        "--workspace-mib", type=_positive, default=1024, help="builder workspace limit in MiB (default 1024)"
+        "--workspace-mib",
+        type=positive_int_arg,
+        default=1024,
+        help="builder workspace limit in MiB (default 1024)",
     )
     parser.add_argument(
         "--timing-cache",
