@@ -41,6 +41,7 @@ class FrontendCounters(Protocol):
     expired_on_arrival: int
     refused_connections: int
     timed_out_connections: int
+    flood_pauses: int
     by_status: dict[str, int]
 
 
@@ -274,6 +275,12 @@ def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:
             "edgeserve_frontend_timed_out_connections_total",
             "counter",
             "Connections closed for no hello within hello_timeout_s or idle past idle_timeout_s",
+        ),
+        (
+            "flood_pauses",
+            "edgeserve_frontend_flood_pauses_total",
+            "counter",
+            "Times a client sending far past its window was left unread while another client was not",
         ),
     )
     families = [Family(name, kind, help_text) for _, name, kind, help_text in simple]

@@ -36,6 +36,7 @@ import contextlib
 import functools
 import hmac
 import logging
+import math
 import socket
 import time
 import traceback
@@ -73,6 +74,14 @@ _log = logging.getLogger(__name__)
 TOO_MANY_IN_FLIGHT = "too many requests in flight"
 FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run (~0.3 ms of work)
 WRITE_HIGH_WATER = 1024 * 1024
+# A connection that sends this many frames past its window in one read floods; while another
+# client does not (no flooding read for POLITE_S, data in the last second), the flood's socket is
+# left unread for FLOOD_PAUSE_S (the kernel holds its frames) so the loop's time goes to the polite
+# client (docs/runtime.md). When every client floods, none is held: each frame read is then
+# answered at once, served or `rejected`.
+FLOOD_FRAMES = 16
+FLOOD_PAUSE_S = 0.05
+POLITE_S = 0.25
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
 
 
@@ -211,6 +220,14 @@ class Frontend:
             self._specs = (config, specs)
         return self._specs[1]
 
+    def polite_other(self, connection: Connection) -> bool:
+        """Another greeted client is sending and has not flooded lately (see FLOOD_FRAMES)."""
+        now = asyncio.get_running_loop().time()
+        return any(
+            c is not connection and c.greeted and now - c.last_flood > POLITE_S and now - c.last_data < 1.0
+            for c in self.connections
+        )
+
     def answered(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0 and self._drained is not None:
@@ -302,6 +319,9 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []  # frames to write at the end of this loop turn
         self._stopped = False  # shutdown: no more reading
         self._reading = False  # inside _read_frames (an answer given there must not close under it)
+        self._over_window = 0  # frames refused past the window in the current read
+        self.last_flood = -math.inf  # loop.time() of the last read with FLOOD_FRAMES past the window
+        self._flood_timer: asyncio.TimerHandle | None = None  # not reading: this client floods
         self._jobs: set[asyncio.Future[None]] = set()  # camera frames being preprocessed
 
     # -- transport callbacks -----------------------------------------------------------------------
@@ -310,6 +330,15 @@ class Connection(asyncio.Protocol):
     def in_flight(self) -> int:
         """Accepted requests still to be answered."""
         return self._in_flight
+
+    @property
+    def greeted(self) -> bool:
+        return self._greeted
+
+    @property
+    def last_data(self) -> float:
+        """loop.time() of the last bytes received."""
+        return self._last_data
 
     def stop_reading(self) -> None:
         """No more frames from this client (shutdown); the ones already read are answered."""
@@ -367,7 +396,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.transport is not None and self._paused and not self._closing:
             self._paused = False
-            if not self._backlog and not self._stopped:
+            if not self._backlog and not self._stopped and self._flood_timer is None:
                 self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -417,6 +446,10 @@ class Connection(asyncio.Protocol):
         if self._failing is not None or self._closing:
             return  # _fail cleared the buffer
         del buffer[:pos]
+        if self._over_window >= FLOOD_FRAMES:
+            self.last_flood = self._last_data
+            self._hold_flood()
+        self._over_window = 0
         more = handled == limit and len(buffer) >= HEADER.size
         if more and len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]:
             self._set_backlog(True)
@@ -431,7 +464,7 @@ class Connection(asyncio.Protocol):
         self._backlog = backlog
         if backlog and not self._paused:
             self.transport.pause_reading()
-        elif not backlog and not self._paused and not self._stopped:
+        elif not backlog and not self._paused and not self._stopped and self._flood_timer is None:
             self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
@@ -481,10 +514,28 @@ class Connection(asyncio.Protocol):
         self._shed(f"idle for {timeout:g} s with nothing in flight (the server's listen.idle_timeout_s)")
 
     def _cancel_timers(self) -> None:
-        for timer in (self._hello_timer, self._idle_timer):
+        for timer in (self._hello_timer, self._idle_timer, self._flood_timer):
             if timer is not None:
                 timer.cancel()
-        self._hello_timer = self._idle_timer = None
+        self._hello_timer = self._idle_timer = self._flood_timer = None
+
+    def _hold_flood(self) -> None:
+        """Leave this flooding socket unread for FLOOD_PAUSE_S while another client is polite."""
+        if self.transport is None or self._closing or self._flood_timer is not None:
+            return
+        if not self.frontend.polite_other(self):
+            return
+        self.frontend.stats.flood_pauses += 1
+        if not self._paused and not self._backlog:
+            self.transport.pause_reading()
+        self._flood_timer = asyncio.get_running_loop().call_later(FLOOD_PAUSE_S, self._release_flood)
+
+    def _release_flood(self) -> None:
+        self._flood_timer = None
+        if self.transport is not None and not (
+            self._closing or self._paused or self._backlog or self._stopped
+        ):
+            self.transport.resume_reading()
 
     def _shed(self, error: str) -> None:
         """Close for a connection limit, not a protocol fault (not counted in protocol_errors)."""
@@ -584,6 +635,7 @@ class Connection(asyncio.Protocol):
         if self._closing:
             frontend.stats.discarded += 1
             return
+        self._over_window += 1
         result = Result(Status.REJECTED, model, queued=0.0, end=0.0, error=TOO_MANY_IN_FLIGHT)
         self._write(frontend.refusal(result, priority).frame(message["id"]))
 

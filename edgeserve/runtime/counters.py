@@ -50,6 +50,7 @@ class FrontendStats:
     refused_connections: int = 0  # over listen.max_connections(_per_listener): error frame, closed
     timed_out_connections: int = 0  # no hello within hello_timeout_s, or idle for idle_timeout_s
     expired_on_arrival: int = 0
+    flood_pauses: int = 0  # a client far past its window left unread while others had room
     by_status: dict[str, int] = field(default_factory=dict)
 
 

@@ -266,3 +266,70 @@ def test_refused_connections_hold_no_slot(served, tmp_path: Path) -> None:
         stats = srv.stats()
         assert (stats.open_connections, stats.refused_connections) == (1, 5)
         assert _on_loop(srv, lambda: dict(srv.net.frontend.per_listener)) == {"unix": 1}
+
+
+def _flood(sock: socket.socket, first_id: int, count: int) -> None:
+    x = encode_tensor(np.zeros((1, 8, 8), np.float32))
+    frames = [
+        encode_frame({"type": "infer", "id": first_id + k, "model": "tiny_a", "tensor": x})
+        for k in range(count)
+    ]
+    sock.sendall(b"".join(frames))
+
+
+def _answers(sock: socket.socket, count: int) -> dict[int, str]:
+    got: dict[int, str] = {}
+    while len(got) < count:
+        message = read_frame(sock)
+        assert message is not None, f"closed after {len(got)} of {count} answers"
+        assert message["id"] not in got, "an id was answered twice"
+        got[message["id"]] = message["status"]
+    return got
+
+
+def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
+    served, tmp_path: Path
+) -> None:
+    """The flood's frames stay in the kernel for a while (flood_pauses), the polite client's requests
+    are served, and every frame of the flood still gets exactly one answer."""
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    sent = 600
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
+        for sock in (flood, polite):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        polite.sendall(encode_frame(valid_request(0)))
+        assert read_frame(polite)["status"] == "ok"  # the polite client has sent: it counts as active
+        _flood(flood, 1_000, sent)
+        statuses = []
+        for k in range(1, 6):
+            polite.sendall(encode_frame(valid_request(k)))
+            statuses.append(read_frame(polite)["status"])
+        answers = _answers(flood, sent)
+        assert statuses == ["ok"] * 5
+        assert sorted(answers) == list(range(1_000, 1_000 + sent))
+        assert set(answers.values()) <= {"ok", "rejected"} and "rejected" in answers.values()
+        assert srv.stats().flood_pauses >= 1
+
+
+def test_clients_that_all_flood_are_left_unread_at_most_until_each_has_been_seen_flooding(
+    served, tmp_path: Path
+) -> None:
+    """With nobody polite to protect, frames are answered as they are read: only the first flood
+    can be held, while the other client has not been seen flooding yet."""
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as one, raw_connect(srv.tcp_url) as two:
+        for sock in (one, two):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        _flood(one, 0, 300)
+        _flood(two, 0, 300)
+        assert len(_answers(one, 300)) == 300 and len(_answers(two, 300)) == 300
+        assert srv.stats().flood_pauses <= 1
+
+
+def valid_request(request_id: int) -> dict[str, Any]:
+    x = encode_tensor(np.zeros((1, 8, 8), np.float32))
+    return {"type": "infer", "id": request_id, "model": "tiny_a", "tensor": x, "deadline_ms": 5000}
