@@ -268,13 +268,9 @@ class StageRunner:
 
         Keyed by stage too: chain stages (`edgeserve export`) all call their passed tensor `features`.
         """
-        fixed = self.manifest.batch
-        n = len(x)
-        if fixed is not None and n != fixed:
-            if n > fixed:
-                raise ValueError(f"batch of {n} for a graph with fixed batch {fixed}")
-            x = np.concatenate([x, np.zeros((fixed - n, *x.shape[1:]), dtype=x.dtype)])
-        env: dict[str, np.ndarray] = {self.manifest.inputs[0].name: x}
+        from edgeserve.runtime.backends.onnxruntime import graph_feeds
+
+        env, n = graph_feeds(self.manifest, {self.manifest.inputs[0].name: x})  # a fixed batch: padded
         found: dict[tuple[int, str], np.ndarray] = {}
         last = len(self.manifest.stages) - 1 if upto is None else upto
         for stage, session in zip(self.manifest.stages[: last + 1], self.sessions, strict=False):

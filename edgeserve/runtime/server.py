@@ -760,11 +760,11 @@ class Server:
         if error is None:
             error = _outputs_problem(outputs, len(tasks))
         ran: dict[str, Any] = {"start": run.start, "batch_size": len(tasks)}
+        names = self._output_names[m][exit]
         for i, task in enumerate(tasks):
             if error is not None or outputs is None:
                 result = self._result(task, Status.ERROR, run.end, error=error, exit=exit, **ran)
             else:
-                names = self._output_names[m][exit]
                 mine = {name: value[i] for name, value in zip(names, outputs.values(), strict=False)}
                 result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
             self._finish(task, result)

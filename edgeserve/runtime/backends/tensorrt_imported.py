@@ -34,9 +34,7 @@ from edgeserve.runtime.backends.buffer_plan import TensorPlan, plan_tensors, ten
 from edgeserve.runtime.backends.cuda_runtime import DeviceBuffer, check
 from edgeserve.runtime.backends.engine_cache import EngineRecord
 from edgeserve.runtime.backends.onnxruntime import batch_outputs, graph_feeds
-from edgeserve.runtime.validation import Feeds, validate_exit, validate_feeds
-
-ONNXRUNTIME_FIX = 'serve it with the onnxruntime backend (`[server] backend = "onnxruntime"`)'
+from edgeserve.runtime.validation import ONNXRUNTIME_FIX, Feeds, validate_exit, validate_feeds
 
 
 def refuse_unservable(manifest: Manifest) -> None:
