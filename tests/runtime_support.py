@@ -67,6 +67,7 @@ class HookedBackend:
     inner: OnnxRuntimeBackend
     delay_s: float = 0.0
     fail_model: str | None = None
+    inline_safe: bool = False  # True: the loop may run short batches itself, as with the inner backend
     spans: list[tuple[float, float, int]] = field(default_factory=list)  # (enter, exit, batch size)
     threads: dict[str, set[int]] = field(default_factory=dict)
     entered: threading.Event = field(default_factory=threading.Event)
@@ -124,9 +125,10 @@ class HookedFactory:
 
     delay_s: float = 0.0
     fail_model: str | None = None
+    inline_safe: bool = False
     backend: HookedBackend | None = None
 
     def __call__(self, repository: ModelRepository, config: BackendConfig) -> HookedBackend:
         inner = OnnxRuntimeBackend(repository, threads=config.threads, warmup=config.warmup)
-        self.backend = HookedBackend(inner, self.delay_s, self.fail_model)
+        self.backend = HookedBackend(inner, self.delay_s, self.fail_model, self.inline_safe)
         return self.backend

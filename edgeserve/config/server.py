@@ -118,6 +118,9 @@ class BackendConfig:
     warmup: int = 3
     precision: str = "fp32"  # which TensorRT engines to run
     device: str | None = None  # torch: "cpu", "cuda" or "cuda:N"; TensorRT: "cuda:N" picks the GPU
+    # A batch predicted to take at most this long runs on the event loop's thread (backends whose
+    # sessions any thread may run: ONNX Runtime); longer ones on the executor thread. 0: never.
+    inline_max_ms: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -395,7 +398,9 @@ def _host_port(value: Any, key: str) -> tuple[str, int]:
 
 def _backend(data: Any) -> BackendConfig:
     data = table(data, "backend")
-    no_unknown(data, ("name", "threads", "providers", "warmup", "precision", "device"), "backend")
+    no_unknown(
+        data, ("name", "threads", "providers", "warmup", "precision", "device", "inline_max_ms"), "backend"
+    )
     threads = data.get("threads")
     providers = data.get("providers", [])
     if not isinstance(providers, (list, tuple)) or not all(isinstance(p, str) and p for p in providers):
@@ -407,6 +412,7 @@ def _backend(data: Any) -> BackendConfig:
         warmup=positive_int(data.get("warmup", 3), "backend.warmup", minimum=0),
         precision=choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
         device=None if data.get("device") is None else _device(data["device"]),
+        inline_max_ms=non_negative_number(data.get("inline_max_ms", 1.0), "backend.inline_max_ms"),
     )
 
 

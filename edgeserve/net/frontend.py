@@ -77,11 +77,13 @@ WRITE_HIGH_WATER = 1024 * 1024
 # A connection that sends this many frames past its window in one read floods; while another
 # client does not (no flooding read for POLITE_S, data in the last second), the flood's socket is
 # left unread for FLOOD_PAUSE_S (the kernel holds its frames) so the loop's time goes to the polite
-# client (docs/runtime.md). When every client floods, none is held: each frame read is then
-# answered at once, served or `rejected`.
+# client, and for POLITE_S after each hold its window is FLOOD_WINDOW, so that its requests do not
+# fill the queues the polite client's wait in (docs/runtime.md). When every client floods, none is
+# held: each frame read is then answered at once, served or `rejected`.
 FLOOD_FRAMES = 16
 FLOOD_PAUSE_S = 0.05
 POLITE_S = 0.25
+FLOOD_WINDOW = 1
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
 
 
@@ -322,6 +324,7 @@ class Connection(asyncio.Protocol):
         self._over_window = 0  # frames refused past the window in the current read
         self.last_flood = -math.inf  # loop.time() of the last read with FLOOD_FRAMES past the window
         self._flood_timer: asyncio.TimerHandle | None = None  # not reading: this client floods
+        self._small_window_until = -math.inf  # loop.time(): its window is FLOOD_WINDOW until then
         self._jobs: set[asyncio.Future[None]] = set()  # camera frames being preprocessed
 
     # -- transport callbacks -----------------------------------------------------------------------
@@ -528,7 +531,9 @@ class Connection(asyncio.Protocol):
         self.frontend.stats.flood_pauses += 1
         if not self._paused and not self._backlog:
             self.transport.pause_reading()
-        self._flood_timer = asyncio.get_running_loop().call_later(FLOOD_PAUSE_S, self._release_flood)
+        loop = asyncio.get_running_loop()
+        self._flood_timer = loop.call_later(FLOOD_PAUSE_S, self._release_flood)
+        self._small_window_until = loop.time() + FLOOD_PAUSE_S + POLITE_S
 
     def _release_flood(self) -> None:
         self._flood_timer = None
@@ -554,7 +559,10 @@ class Connection(asyncio.Protocol):
             self._fail(str(exc))
             return
         if self._greeted:
-            full = self._in_flight >= frontend.listen.max_in_flight
+            window = (
+                FLOOD_WINDOW if self._last_data < self._small_window_until else frontend.listen.max_in_flight
+            )
+            full = self._in_flight >= window
             if full and message.get("type") == "infer" and id_of(message) is not None:
                 self._refuse_over_window(message)  # cheap: the tensor is never decoded
                 return

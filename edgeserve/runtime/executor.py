@@ -1,12 +1,16 @@
 """The executor: ONE thread owns the backend and runs one batch at a time (time division).
 
-load(), run() and close() all happen on that thread (ORT sessions are then created on the thread
-that runs them). The event loop never runs inference itself. A batch is handed over with
-`submit`, whose callback reaches the loop in one wake-up when the batch ends. With `follow`, the
-next batch is decided on this thread as soon as one ends, before the loop hears of it: under load
-the loop is busy with reads and answers, and the executor would otherwise idle for a loop turn
-between batches. Batches are stacked here, off the loop: a copy of a few KB to MB would otherwise
-stall arrivals.
+load() and close() happen on that thread (ORT sessions are then created on the thread that runs
+them), and so do the batches predicted to take longer than two thread hand-offs. A batch is
+handed over with `submit`, whose callback reaches the loop in one wake-up when the batch ends.
+With `follow`, the next batch is decided on this thread as soon as one ends, before the loop
+hears of it: under load the loop is busy with reads and answers, and the executor would otherwise
+idle for a loop turn between batches. Batches are stacked here, off the loop: a copy of a few KB
+to MB would otherwise stall arrivals.
+
+A short batch (`inline`) runs on the loop's own thread instead, in a callback of its own: for a
+tiny model the two hand-offs (a queue and a wake-up each way) cost more than the batch, and
+every Python step of a batch on the executor thread waits for the GIL the busy loop holds.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +45,13 @@ def stack(samples: Sequence[Sample]) -> Feeds:
     return {name: np.stack([s[name] for s in samples]) for name in first}  # type: ignore[index]
 
 
+def inline_safe(backend: Backend) -> bool:
+    """Whether the loop may run this backend's batches on its own thread while the executor
+    thread owns it (loads, closes): a backend says so with `inline_safe = True` when its run
+    may come from any thread (ONNX Runtime sessions); device contexts bound to one thread may not."""
+    return bool(getattr(backend, "inline_safe", False))
+
+
 @dataclass(frozen=True)
 class BatchRun:
     """A finished batch: its outputs by name (or the backend's exception) and when it ran."""
@@ -48,6 +60,16 @@ class BatchRun:
     error: BaseException | None
     start: float  # time.monotonic()
     end: float
+
+
+def run_batch(backend: Backend, model: str, exit: int, samples: Sequence[Sample]) -> BatchRun:
+    """Stack and run one batch; a backend exception comes back in BatchRun.error."""
+    start = time.monotonic()
+    try:
+        outputs = backend.run_outputs(model, exit, stack(samples))
+        return BatchRun(outputs, None, start, time.monotonic())
+    except Exception as exc:  # answered as `error` results; the server keeps serving
+        return BatchRun(None, exc, start, time.monotonic())
 
 
 class Executor:
@@ -85,26 +107,28 @@ class Executor:
         samples: Sequence[Sample],
         done: Callable[[BatchRun], object],
         follow: Callable[[], Job | None] | None = None,
+        inline: bool = False,
     ) -> None:
         """Stack `samples`, run them at `exit` on the executor thread, then call `done(run)` on the
         calling loop; a backend exception comes back in BatchRun.error. `follow`, called on the
         executor thread as each batch ends and before its `done` is sent, returns the next batch
-        to run at once, or None. Raises RuntimeError if the executor is not open or closed."""
+        to run at once, or None. `inline`: run it on the loop's own thread instead, in a callback of
+        its own (`follow` unused): for a batch shorter than two thread hand-offs, see `inline_safe`.
+        Raises RuntimeError if the executor is not open or closed."""
         backend = self._backend
         if backend is None:
             raise RuntimeError("executor is not open")
         loop = asyncio.get_running_loop()
 
+        if inline:
+            loop.call_soon(self._run_inline, model, exit, samples, done)
+            return
+
         def _run() -> None:
             job: Job | None = (model, exit, samples, done)
             while job is not None:
                 name, at, batch_samples, callback = job
-                start = time.monotonic()
-                try:
-                    outputs = backend.run_outputs(name, at, stack(batch_samples))
-                    run = BatchRun(outputs, None, start, time.monotonic())
-                except Exception as exc:  # answered as `error` results; the server keeps serving
-                    run = BatchRun(None, exc, start, time.monotonic())
+                run = run_batch(backend, name, at, batch_samples)
                 try:
                     job = None if follow is None or loop.is_closed() else follow()
                 except Exception:  # the loop decides instead, when `done` reaches it
@@ -114,6 +138,15 @@ class Executor:
                     loop.call_soon_threadsafe(callback, run)
 
         self._pool.submit(_run)
+
+    def _run_inline(
+        self, model: str, exit: int, samples: Sequence[Sample], done: Callable[[BatchRun], object]
+    ) -> None:
+        backend = self._backend
+        if backend is None:  # closed since the batch was submitted
+            done(BatchRun(None, RuntimeError("executor is closed"), math.nan, time.monotonic()))
+        else:
+            done(run_batch(backend, model, exit, samples))
 
     async def close(self) -> None:
         """Release the backend on its own thread (after any running batch), then stop the thread."""

@@ -2,7 +2,8 @@
 
 Requests are checked and queued on the loop. When the executor is idle and a request arrives, the
 loop asks the policy: drops are answered `expired`, a Dispatch pops a batch and hands it to the
-executor thread (one batch at a time), a Wait sets one wake-up timer (replaced on the next
+executor thread (one batch at a time; a short batch that empties the queues of an idle loop runs
+on the loop itself, see executor.py), a Wait sets one wake-up timer (replaced on the next
 arrival). As a batch ends the executor thread asks the same policy for the next one itself
 (`_follow`, under the lock the queues share), so the executor never waits for a busy loop; the
 finished batch goes back to the loop, which answers each request through its front's `reply`
@@ -32,7 +33,7 @@ from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
-from edgeserve.runtime.executor import BatchRun, Executor, Job
+from edgeserve.runtime.executor import BatchRun, Executor, Job, inline_safe
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.tasks import Task, TaskBook
@@ -63,6 +64,9 @@ FALLBACK_POLICY = "early-exit-edf"
 # wait, answer delay, shortest service) may take; the rest is the client's and the sockets'.
 ADMISSION_SHARE = 0.5
 LAG_WEIGHT = 0.2  # EWMA weight of the latest batch's answer delay (batch end -> loop callback)
+# Short batches run on the loop only while a callback it schedules runs within this (an EWMA):
+# past it the loop is busy reading, and a batch run there would hold every connection's frames.
+INLINE_LOOP_DELAY_S = 200e-6
 
 
 def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
@@ -151,6 +155,9 @@ class Server:
         self._close_task: asyncio.Future[None] | None = None
         self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
         self._busy_until = 0.0  # predicted end of the running batch (the offload planner reads it)
+        self._inline_ok = False  # the backend lets the loop run short batches itself (executor.py)
+        self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
+        self._kicked_at = 0.0
         self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
         # The queues and the busy state are shared with the executor thread, which decides the
         # next batch itself as one ends (`_follow`): every change to them holds this lock
@@ -182,6 +189,7 @@ class Server:
         self._executor = executor
         try:
             backend = await executor.open()
+            self._inline_ok = inline_safe(backend)
             fingerprint = await executor.call(backend.fingerprint)
             self._fingerprint_key = fingerprint.key()  # names the calibrated tables
             tables = [repository.load_profile(m, fingerprint) for m in self._manifests]
@@ -275,6 +283,7 @@ class Server:
         self._max_queue = [config.models[n].max_queue for n in self._names]
         self._budget_s = [config.models[n].slo_ms / 1000.0 for n in self._names]
         self._expire_late = config.scheduler.late_tasks == "expire"
+        self._inline_max_s = config.backend.inline_max_ms / 1000.0
         self._admit_by_deadline = config.scheduler.admission == "deadline"
 
     def _use(self, latency: LatencyModel, policy: Policy, fallback: Policy) -> None:
@@ -568,10 +577,12 @@ class Server:
             return
         assert self._loop is not None
         self._decide_pending = True
+        self._kicked_at = time.monotonic()
         self._loop.call_soon(self._decide_now)
 
     def _decide_now(self) -> None:
         self._decide_pending = False
+        self._loop_delay += LAG_WEIGHT * (time.monotonic() - self._kicked_at - self._loop_delay)
         self._decide()
 
     def _cancel_timer(self) -> None:
@@ -631,23 +642,36 @@ class Server:
                 t0 = time.perf_counter()
                 decision = self._ask_policy(max(now, wake_at), now)
                 self.counters.decision.add(time.perf_counter() - t0)
-            job = None
+            job, inline = None, False
             if decision is not None:
                 for drop in decision.drops:
                     for task in self._book.drop(drop.model, drop.task_ids):
                         result = self._result(task, Status.EXPIRED, now, error="dropped by the policy")
                         answer.append((task, result))
                 if isinstance(decision, Dispatch):
-                    job = self._take(decision, now)
+                    inline = self._runs_inline(decision)
+                    job = self._take(decision, now, inline)
             self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
         for task, result in answer:
             self._finish(task, result)
         if job is not None:
-            self._dispatch(job)
+            self._dispatch(job, inline)
         self._sync_depths()
 
-    def _take(self, decision: Dispatch, now: float) -> Job:
-        """Pop the decided batch and mark the executor busy (holding the lock)."""
+    def _runs_inline(self, decision: Dispatch) -> bool:
+        """Whether the loop runs this batch itself (executor.py): it is short and takes every queued
+        task. Under load (tasks left queued) the executor thread runs it, in parallel with the
+        loop's reads, and decides the next one itself as it ends."""
+        return (
+            self._inline_ok
+            and decision.predicted_s <= self._inline_max_s
+            and self._loop_delay <= INLINE_LOOP_DELAY_S
+            and sum(map(len, self._queues)) <= decision.batch
+        )
+
+    def _take(self, decision: Dispatch, now: float, inline: bool = False) -> Job:
+        """Pop the decided batch and mark the executor busy (holding the lock); an `inline` batch's
+        callback says so, so that it frees the executor and answers before the next batch runs."""
         tasks = self._book.pop(decision.model, decision.batch, now)
         self._busy = True
         self._busy_until = now + decision.predicted_s
@@ -656,7 +680,7 @@ class Server:
             self._names[m],
             decision.exit,
             [t.x for t in tasks],
-            functools.partial(self._batch_done, m, decision.exit, tasks),
+            functools.partial(self._batch_done, m, decision.exit, tasks, inline),
         )
 
     def _follow(self) -> Job | None:
@@ -676,8 +700,8 @@ class Server:
             except Exception:
                 return None  # the loop asks again, logs and falls back (_ask_policy)
             self.counters.decision.add(time.perf_counter() - t0)
-            if not isinstance(decision, Dispatch) or decision.drops:
-                return None
+            if not isinstance(decision, Dispatch) or decision.drops or self._runs_inline(decision):
+                return None  # a short batch: the loop decides again and runs it itself
             return self._take(decision, now)
 
     def _ask_policy(self, at: float, now: float) -> Decision | None:
@@ -725,22 +749,29 @@ class Server:
             changed=self._sync_depths,
         )
 
-    def _dispatch(self, job: Job) -> None:
-        """Hand a batch to the executor thread; its callback (`_batch_done`) runs on the loop when it
-        ends, and the batches `_follow` decides there run after it without the loop."""
+    def _dispatch(self, job: Job, inline: bool) -> None:
+        """Hand a batch to the executor thread (or, `inline`, to a loop callback); its callback
+        (`_batch_done`) runs on the loop when it ends, and the batches `_follow` decides on the
+        executor thread run after it without the loop."""
         assert self._executor is not None and self._loop is not None
         name, exit, samples, done = job
         try:
-            self._executor.submit(name, exit, samples, done, follow=self._follow)
+            self._executor.submit(name, exit, samples, done, follow=self._follow, inline=inline)
         except RuntimeError as exc:  # the executor itself is closed under us: answer, keep going
             with self._lock:
                 self._busy = False
             self._loop.call_soon(done, BatchRun(None, exc, math.nan, time.monotonic()))
 
-    def _batch_done(self, m: int, exit: int, tasks: list[Task], run: BatchRun) -> None:
+    def _batch_done(self, m: int, exit: int, tasks: list[Task], inline: bool, run: BatchRun) -> None:
         """A batch ended (the executor thread may already run the next one, see `_follow`): decide
-        if it did not, then write these answers (the queues do not hold them any more)."""
+        if it did not, then write these answers (the queues do not hold them any more). After an
+        inline batch the answers go first: the next inline batch then runs after their writes."""
         name = self._names[m]
+        if inline:
+            with self._lock:
+                self._busy = False
+            if not math.isnan(run.start):  # its callback waited this long behind the loop's others
+                self._loop_delay += LAG_WEIGHT * (run.start - tasks[0].dispatch - self._loop_delay)
         lag = time.monotonic() - run.end
         if lag == lag:  # not nan
             self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
@@ -754,7 +785,8 @@ class Server:
                 self._shallowest_s[m] = self.latency_model.models[m].latency(0, 1)
             for line in lines:
                 _log.warning(line)
-        self._decide()
+        if not inline:
+            self._decide()
         outputs = run.outputs
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
         if error is None:
@@ -768,6 +800,8 @@ class Server:
                 mine = {name: value[i] for name, value in zip(names, outputs.values(), strict=False)}
                 result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
             self._finish(task, result)
+        if inline:
+            self._decide()
 
 
 def _tensor_problem(who: str, dtype: np.dtype[Any], shape: tuple[int, ...], x: object) -> str | None:

@@ -129,6 +129,16 @@ def test_backend_precision_and_device_are_checked_and_kept() -> None:
         ServerConfig.from_dict({"models": {"m": {"slo_ms": 50}}, "backend": {"precision": "int8"}})
 
 
+def test_backend_inline_max_ms_defaults_to_one_and_takes_zero_but_not_negative() -> None:
+    models = {"m": {"slo_ms": 50}}
+    assert ServerConfig.from_dict({"models": models}).backend.inline_max_ms == 1.0
+    assert (
+        ServerConfig.from_dict({"models": models, "backend": {"inline_max_ms": 0}}).backend.inline_max_ms == 0
+    )
+    with pytest.raises(ConfigError, match=r"backend\.inline_max_ms"):
+        ServerConfig.from_dict({"models": models, "backend": {"inline_max_ms": -1}})
+
+
 def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path) -> None:
     from edgeserve.config.server import ListenConfig, PreprocessConfig
 

@@ -27,6 +27,7 @@ from tiny_onnx import TinyModel
 
 from edgeserve.config.checks import ConfigError
 from edgeserve.config.server import ListenConfig, ServerConfig
+from edgeserve.net import frontend as frontend_module
 from edgeserve.wire.client import BlockingClient, ServerRefused
 from edgeserve.wire.frames import HEADER, encode_frame
 from edgeserve.wire.tensors import encode_tensor
@@ -311,6 +312,29 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
         assert sorted(answers) == list(range(1_000, 1_000 + sent))
         assert set(answers.values()) <= {"ok", "rejected"} and "rejected" in answers.values()
         assert srv.stats().flood_pauses >= 1
+
+
+def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its requests then cannot fill the queue the polite client's requests wait in."""
+    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the small window outlasts a slow machine
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=4)
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
+        for sock in (flood, polite):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        polite.sendall(encode_frame(valid_request(0)))
+        assert read_frame(polite)["status"] == "ok"
+        _flood(flood, 1_000, 300)
+        assert len(_answers(flood, 300)) == 300 and srv.stats().flood_pauses >= 1
+        flood.sendall(b"".join(encode_frame(valid_request(k)) for k in range(3)))
+        answers = [read_frame(flood) for _ in range(3)]
+    refused = [
+        a for a in answers if a["status"] == "rejected" and "too many requests in flight" in a["error"]
+    ]
+    assert len(refused) == 2, answers
 
 
 def test_clients_that_all_flood_are_left_unread_at_most_until_each_has_been_seen_flooding(

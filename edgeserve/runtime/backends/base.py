@@ -12,7 +12,12 @@ from edgeserve.runtime.validation import Feeds
 
 
 class Backend(Protocol):
-    """Runs one model up to one exit on one batch. Owned by a single thread: not thread-safe."""
+    """Runs one model up to one exit on one batch. Owned by a single thread: not thread-safe.
+
+    A backend whose `run_outputs` may be called from another thread than the one that loads and
+    closes it (never at the same time as another batch) sets `inline_safe = True`: the event loop
+    then runs short batches itself (runtime/executor.py).
+    """
 
     name: str
 

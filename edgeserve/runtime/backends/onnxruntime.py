@@ -125,11 +125,32 @@ def run_chain(
     stages: Sequence[StageSession], feeds: Mapping[str, np.ndarray], device: str = "cpu", device_id: int = 0
 ) -> dict[str, np.ndarray]:
     """Run `stages` in order on validated graph inputs; the last one's exit outputs, on the host.
+    On the CPU with plain `run` (fewer Python calls, each one a GIL hand-off on a busy server:
+    benchmarks/iobinding_vs_run.py), elsewhere with IO binding (`run_chain_bound`)."""
+    if device == "cpu":
+        return run_chain_plain(stages, feeds)
+    return run_chain_bound(stages, feeds, device, device_id)
 
-    Tensors a stage passes on are bound to `device` ("cuda" keeps them in GPU memory) and fed by
+
+def run_chain_plain(stages: Sequence[StageSession], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """numpy in, numpy out of every stage; each later stage takes what it needs by name."""
+    values = dict(feeds)
+    last = len(stages) - 1
+    for i, stage in enumerate(stages):
+        names = [t.name for t in stage.spec.exit_outputs] if i == last else list(stage.spec.passes)
+        outputs = stage.session.run(names, {name: values[source] for name, source in stage.spec.feeds})
+        if i == last:
+            return dict(zip(names, outputs, strict=True))
+        values.update(zip(names, outputs, strict=True))
+    raise ValueError("run_chain needs at least one stage")
+
+
+def run_chain_bound(
+    stages: Sequence[StageSession], feeds: Mapping[str, np.ndarray], device: str, device_id: int = 0
+) -> dict[str, np.ndarray]:
+    """Tensors a stage passes on are bound to `device` ("cuda" keeps them in GPU memory) and fed by
     name to the later stages that take them; only outputs someone needs are bound, so no unused
-    head result is copied anywhere.
-    """
+    head result is copied anywhere."""
     values: dict[str, np.ndarray | ort.OrtValue] = dict(feeds)
     for i, stage in enumerate(stages):
         binding = stage.session.io_binding()
@@ -189,9 +210,11 @@ def batch_outputs(
 
 
 class OnnxRuntimeBackend:
-    """Runs models of one repository with ONNX Runtime. Owned by one thread (the executor's)."""
+    """Runs models of one repository with ONNX Runtime. Owned by one thread (the executor's), but
+    its sessions may run from any thread: the loop runs short batches itself (`inline_safe`)."""
 
     name = "onnxruntime"
+    inline_safe = True
 
     def __init__(
         self,

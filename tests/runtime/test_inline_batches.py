@@ -1,0 +1,111 @@
+"""Short batches on the loop's own thread: a lone short batch runs inline, a backlog and long
+batches on the executor thread, and either way one batch at a time with the right answers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from runtime_support import HookedFactory, config_dict, profiled_tiny_repository
+from tiny_onnx import TinyModel
+
+from edgeserve.loop import run
+from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
+from edgeserve.runtime.executor import BatchRun, Executor, inline_safe
+from edgeserve.runtime.results import Result, Status
+from edgeserve.runtime.server import Server
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, TinyModel]]:
+    root = tmp_path_factory.mktemp("inline") / "engines"
+    return root, profiled_tiny_repository(root)
+
+
+def _check(results: list[Result], tiny: TinyModel, xs: np.ndarray) -> None:
+    for x, r in zip(xs, results, strict=True):
+        assert r.status is Status.OK, r.error
+        assert r.exit_index is not None
+        np.testing.assert_allclose(r.output, tiny.forward(x[None], r.exit_index)[0], rtol=1e-4, atol=1e-4)
+
+
+def _one_at_a_time(served, factory: HookedFactory, inline_max_ms: float | None) -> tuple[list[Result], int]:
+    root, models = served
+    config = config_dict(root)
+    if inline_max_ms is not None:
+        config["backend"]["inline_max_ms"] = inline_max_ms
+    xs = models["tiny_a"].random_input(12, seed=5)
+
+    async def main() -> tuple[list[Result], int]:
+        async with Server(config, backend_factory=factory) as server:
+            return [await server.infer("tiny_a", x) for x in xs], threading.get_ident()
+
+    results, loop_thread = run(main())
+    _check(results, models["tiny_a"], xs)
+    return results, loop_thread
+
+
+def test_a_lone_short_batch_runs_on_the_loop_thread_and_the_backend_lives_on_the_executor_thread(
+    served,
+) -> None:
+    factory = HookedFactory(inline_safe=True)
+    _, loop_thread = _one_at_a_time(served, factory, None)
+    backend = factory.backend
+    assert backend is not None and backend.closed
+    assert backend.threads["run"] == {loop_thread}
+    owner = backend.threads["load"] | backend.threads["close"]
+    assert len(owner) == 1 and loop_thread not in owner
+
+
+@pytest.mark.parametrize("inline_safe, inline_max_ms", [(True, 0.0), (False, None)])
+def test_without_inline_every_batch_runs_on_the_executor_thread(served, inline_safe, inline_max_ms) -> None:
+    """`inline_max_ms = 0` turns it off; a backend that does not say `inline_safe` never gets it."""
+    factory = HookedFactory(inline_safe=inline_safe)
+    _, loop_thread = _one_at_a_time(served, factory, inline_max_ms)
+    backend = factory.backend
+    assert backend is not None
+    assert backend.threads["run"] == backend.threads["load"] and loop_thread not in backend.threads["run"]
+
+
+def test_a_backlog_goes_to_the_executor_thread_and_batches_never_overlap(served) -> None:
+    _, models = served
+    factory = HookedFactory(delay_s=0.002, inline_safe=True)
+    xa, xb = models["tiny_a"].random_input(60, seed=6), models["tiny_b"].random_input(60, seed=7)
+
+    async def main() -> tuple[list[Result], int]:
+        async with Server(config_dict(served[0]), backend_factory=factory) as server:
+            calls = [server.infer("tiny_a", x) for x in xa] + [server.infer("tiny_b", x) for x in xb]
+            return await asyncio.gather(*calls), threading.get_ident()
+
+    results, loop_thread = run(main())
+    _check(results[:60], models["tiny_a"], xa)
+    _check(results[60:], models["tiny_b"], xb)
+    backend = factory.backend
+    assert backend is not None and backend.max_active == 1
+    assert backend.threads["run"] - {loop_thread}, "a backlog of 120 requests ran entirely on the loop"
+    spans = sorted(backend.spans)
+    for (_, leave, _), (enter, _, _) in itertools.pairwise(spans):
+        assert leave <= enter
+    assert sum(size for _, _, size in spans) == len(results)
+
+
+def test_an_inline_batch_submitted_before_close_comes_back_as_an_error(served) -> None:
+    root, models = served
+    x = models["tiny_a"].random_input(2, seed=8)
+
+    async def main() -> BatchRun:
+        executor = Executor(lambda: OnnxRuntimeBackend(ModelRepository(root), threads=1, warmup=0))
+        backend = await executor.open()
+        assert inline_safe(backend)
+        done: asyncio.Future[BatchRun] = asyncio.get_running_loop().create_future()
+        executor.submit("tiny_a", 0, list(x), done.set_result, inline=True)
+        await executor.close()  # before the loop gets to the inline batch
+        return await done
+
+    batch = run(main())
+    assert batch.outputs is None and isinstance(batch.error, RuntimeError) and "closed" in str(batch.error)
