@@ -134,7 +134,8 @@ class SchedulerConfig:
     queue head has already waited longer than half the new request's deadline allows (a task at
     the tail of a FIFO waits about as long, and the answer's way back needs the rest): under
     overload the server sheds at once what it would serve late, and as the queue drains it admits
-    again (not with upstreams: the offloader sends such work upstream instead); "all" queues every
+    again; a queue shorter than the largest batch always admits (the task joins the head's batch)
+    (not with upstreams: the offloader sends such work upstream instead); "all" queues every
     request that fits in max_queue.
     """
 

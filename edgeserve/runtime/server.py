@@ -417,9 +417,13 @@ class Server:
             # A task at the tail of a FIFO waits about as long as the head has; its answer then
             # waits for the loop (answer_lag). The server keeps its own part within a share of
             # the budget: the client's write, the kernel and the answer's way back need the rest.
+            # A queue shorter than a full batch admits: the task rides in the head's batch.
             # (With upstreams, work the box cannot serve in time may go upstream instead.)
             waited = now - float(queue.arrivals[0])
-            if waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget:
+            if (
+                waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget
+                and len(queue) >= self.latency_model.models[m].max_batch
+            ):
                 why = f"overloaded: {model!r} cannot answer within this request's deadline now"
                 return self._refuse(model, Status.REJECTED, now, why)
         assert self._loop is not None and self._idle is not None

@@ -241,15 +241,20 @@ def test_deadline_admission_sheds_what_the_queue_would_make_late_and_admits_once
             await asyncio.to_thread(factory.backend.entered.wait, 5)  # the executor is busy 0.3 s
             head = asyncio.ensure_future(server.infer("tiny_a", x))
             await asyncio.sleep(0.15)  # the queue head has now waited ~150 ms
-            shed = await server.infer("tiny_a", x, deadline_ms=100)
+            # Shorter than a full batch: it joins the head's batch, so it is admitted (served late).
+            joined = [asyncio.ensure_future(server.infer("tiny_a", x, deadline_ms=100)) for _ in range(3)]
+            await asyncio.sleep(0)
+            assert server.snapshot()["queue_depth"]["tiny_a"] == MAX_BATCH
+            shed = await server.infer("tiny_a", x, deadline_ms=100)  # a full batch ahead of it
             kept = asyncio.ensure_future(server.infer("tiny_a", x, deadline_ms=5000))
-            done = await asyncio.gather(running, head, kept)
+            done = await asyncio.gather(running, head, *joined, kept)
             after = await server.infer("tiny_a", x, deadline_ms=100)  # empty queue: admitted
             return [shed, *done], after
 
     (shed, *served_ok), after = run(main())
     assert shed.status is Status.REJECTED and shed.refused and "overloaded" in (shed.error or "")
-    assert [r.status for r in served_ok] == [Status.OK] * 3
+    assert [r.status for r in served_ok] == [Status.OK] * 6
+    assert [r.late for r in served_ok[2:5]] == [True] * 3
     assert after.status is Status.OK
 
 
