@@ -51,7 +51,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             x = rng.standard_normal((batch, *manifest.input.shape)).astype(np.float32)
             feeds = {manifest.input.name: x}
-            variants: dict[str, Callable[[], object]] = {
+            variants: dict[str, Callable[[], dict[str, np.ndarray]]] = {
                 "run": lambda s=stages, f=feeds: run_chain_plain(s, f),
                 "iobinding": lambda s=stages, f=feeds: run_chain_bound(s, f, "cpu"),
                 "backend": lambda e=exit, x=x: backend.run_outputs(args.model, e, x),
@@ -59,8 +59,8 @@ def main() -> None:
             ref = variants["run"]()
             times: dict[str, list[float]] = {name: [] for name in variants}
             for fn in variants.values():
-                for name, value in fn().items():  # type: ignore[attr-defined]
-                    np.testing.assert_allclose(value, ref[name], rtol=1e-5, atol=1e-5)  # type: ignore[index]
+                for name, value in fn().items():
+                    np.testing.assert_allclose(value, ref[name], rtol=1e-5, atol=1e-5)
             gc.disable()
             for i in range(args.repeats + 10):
                 for name, fn in variants.items():

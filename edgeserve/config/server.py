@@ -118,8 +118,9 @@ class BackendConfig:
     warmup: int = 3
     precision: str = "fp32"  # which TensorRT engines to run
     device: str | None = None  # torch: "cpu", "cuda" or "cuda:N"; TensorRT: "cuda:N" picks the GPU
-    # A batch predicted to take at most this long runs on the event loop's thread (backends whose
-    # sessions any thread may run: ONNX Runtime); longer ones on the executor thread. 0: never.
+    # A batch predicted to take at most this long that empties the queues of an idle loop runs on
+    # the loop's thread (backends whose sessions any thread may run: ONNX Runtime); the rest on
+    # the executor thread. 0: never.
     inline_max_ms: float = 1.0
 
 

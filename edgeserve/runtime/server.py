@@ -145,6 +145,7 @@ class Server:
         self._fallback: Policy | None = None
         self._latency: LatencyModel | None = None
         self._shallowest_s: list[float] = []
+        self._full_batch: list[int] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._busy = False
         self._timer: asyncio.TimerHandle | None = None
@@ -291,6 +292,7 @@ class Server:
         with self._lock:
             self._latency, self._policy, self._fallback = latency, policy, fallback
             self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+            self._full_batch = [m.max_batch for m in latency.models]
             # Online calibration: updates `latency` in place from the batch times observed.
             self._calibration = LatencyCalibrator(latency) if self.config.scheduler.calibration else None
 
@@ -422,7 +424,7 @@ class Server:
             waited = now - float(queue.arrivals[0])
             if (
                 waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget
-                and len(queue) >= self.latency_model.models[m].max_batch
+                and len(queue) >= self._full_batch[m]
             ):
                 why = f"overloaded: {model!r} cannot answer within this request's deadline now"
                 return self._refuse(model, Status.REJECTED, now, why)
