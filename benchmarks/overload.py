@@ -393,6 +393,7 @@ def write_config(
         'unix_mode = "0600"',
         f'tcp = "127.0.0.1:{ports[0]}"',
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
+        *([f"reply_margin_ms = {args.reply_margin_ms}"] if args.reply_margin_ms is not None else []),
     ]
     lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
     scheduler = {"late_tasks": args.late_tasks, "admission": admission, "policy": args.policy}
@@ -430,6 +431,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
+    parser.add_argument(
+        "--reply-margin-ms", type=float, help="[listen] reply_margin_ms (default: the server's)"
+    )
     parser.add_argument("--repository", type=Path, default=Path("engines"))
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--plot", type=Path, help="goodput vs offered load to this PNG (matplotlib)")

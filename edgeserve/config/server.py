@@ -48,6 +48,7 @@ DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 192  # a flood on one listener leaves 64 
 DEFAULT_MAX_HELLO_BYTES = 4096  # the largest frame accepted before the hello (a hello is tiny)
 DEFAULT_HELLO_TIMEOUT_S = 5.0
 DEFAULT_IDLE_TIMEOUT_S = 300.0  # 0: never close an idle connection
+DEFAULT_REPLY_MARGIN_MS = 0.5  # the answer's way back to a socket or HTTP client
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 INTERPOLATIONS = ("bilinear", "nearest")
 
@@ -106,6 +107,10 @@ class ListenConfig:
     max_hello_bytes: int = DEFAULT_MAX_HELLO_BYTES
     hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    # What an answer needs to reach a socket or HTTP client after the server has it (the kernel,
+    # the client's read) and a request's frame waited before the server read it: the scheduler
+    # plans each such request to finish this much before its deadline (docs/runtime.md).
+    reply_margin_ms: float = DEFAULT_REPLY_MARGIN_MS
 
 
 @dataclass(frozen=True)
@@ -343,6 +348,7 @@ def _listen(data: Any) -> ListenConfig:
         "max_hello_bytes",
         "hello_timeout_s",
         "idle_timeout_s",
+        "reply_margin_ms",
     )
     no_unknown(data, allowed, "listen")
     unix = data.get("unix")
@@ -385,6 +391,9 @@ def _listen(data: Any) -> ListenConfig:
         ),
         idle_timeout_s=non_negative_number(
             data.get("idle_timeout_s", DEFAULT_IDLE_TIMEOUT_S), "listen.idle_timeout_s"
+        ),
+        reply_margin_ms=non_negative_number(
+            data.get("reply_margin_ms", DEFAULT_REPLY_MARGIN_MS), "listen.reply_margin_ms"
         ),
     )
 

@@ -186,6 +186,7 @@ class Frontend:
     def __init__(self, server: Server, listen: ListenConfig) -> None:
         self.server = server
         self.listen = listen
+        self.margin_s = listen.reply_margin_ms / 1000.0  # Server.enqueue's reply_margin_s
         self.stats = FrontendStats()
         self.connections: set[Connection] = set()
         self.per_listener: dict[str, int] = {}  # admitted open connections by listener ("unix", "tcp")
@@ -663,7 +664,14 @@ class Connection(asyncio.Protocol):
         frontend.in_flight += 1
         reply = functools.partial(self._on_answer, request_id, priority)
         try:
-            frontend.server.enqueue(model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts)
+            frontend.server.enqueue(
+                model,
+                x,
+                reply,
+                deadline_ms=deadline_ms,
+                capture_ts=capture_ts,
+                reply_margin_s=frontend.margin_s,
+            )
         except Exception as exc:  # never lose an answer, whatever went wrong
             self._on_error(request_id, model, priority, exc)
 
@@ -692,6 +700,7 @@ class Connection(asyncio.Protocol):
                     reply,
                     deadline_ms=request.deadline_ms,
                     capture_ts=request.capture_ts,
+                    reply_margin_s=frontend.margin_s,
                 )
         except Exception as exc:  # never lose an answer, whatever went wrong
             self._on_error(request.id, request.model, request.priority, exc)
@@ -715,7 +724,12 @@ class Connection(asyncio.Protocol):
                 reply(Result(Status.INVALID, request.model, error=str(exc)))
                 return
             server.enqueue(
-                request.model, x, reply, deadline_ms=request.deadline_ms, capture_ts=request.capture_ts
+                request.model,
+                x,
+                reply,
+                deadline_ms=request.deadline_ms,
+                capture_ts=request.capture_ts,
+                reply_margin_s=self.frontend.margin_s,
             )
         except Exception as exc:  # never lose an answer
             self._on_error(request.id, request.model, request.priority, exc)

@@ -499,7 +499,10 @@ class OipFrontend:
             self.stats.protocol_errors += 1
             raise
         try:
-            results = await asyncio.gather(*(self.server.infer(model, x, **deadline) for x in samples))
+            margin = self.listen.reply_margin_ms / 1000.0
+            results = await asyncio.gather(
+                *(self.server.infer(model, x, reply_margin_s=margin, **deadline) for x in samples)
+            )
         except asyncio.CancelledError:
             self.stats.discarded += 1  # the client went away: Server.infer dropped what was still queued
             raise

@@ -63,6 +63,9 @@ FALLBACK_POLICY = "early-exit-edf"
 # admission = "deadline": the share of a request's budget the server's own predicted part (queue
 # wait, answer delay, shortest service) may take; the rest is the client's and the sockets'.
 ADMISSION_SHARE = 0.5
+# The scheduler plans each task to finish before its deadline by the answer's way back, but
+# always keeps at least this share of the budget (Server._enqueue).
+PLAN_FLOOR = 0.5
 LAG_WEIGHT = 0.2  # EWMA weight of the latest batch's answer delay (batch end -> loop callback)
 # Short batches run on the loop only while a callback it schedules runs within this (an EWMA):
 # past it the loop is busy reading, and a batch run there would hold every connection's frames.
@@ -330,16 +333,19 @@ class Server:
         *,
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
+        reply_margin_s: float = 0.0,
     ) -> Result:
         """Queue one sample (the model's per-sample shape and dtype) and await its Result.
 
         The deadline is fixed here, once, for every front: `deadline_ms` is this request's budget
         from now; `capture_ts` (Unix time in seconds, time.time()) runs the model's SLO from the
         moment the frame was captured, and a frame already past it is answered `expired` at once;
-        neither: the model's SLO from now. Do not modify `x` until the result is back: it is
-        stacked into the batch when its batch runs. Cancelling the call withdraws a queued sample.
+        neither: the model's SLO from now. A front passes `reply_margin_s`, the time its answer
+        needs to reach the client ([listen] reply_margin_ms): the scheduler plans to finish that
+        much earlier (see _enqueue). Do not modify `x` until the result is back: it is stacked
+        into the batch when its batch runs. Cancelling the call withdraws a queued sample.
         """
-        future, task = self._submit(model, x, deadline_ms, capture_ts)
+        future, task = self._submit(model, x, deadline_ms, capture_ts, reply_margin_s)
         try:
             return await future
         except asyncio.CancelledError:
@@ -357,14 +363,17 @@ class Server:
     ) -> asyncio.Future[Result]:
         """`infer` without a coroutine (call it on the loop): the future resolves to the Result, at
         once for a refusal; cancelling it does not withdraw the sample."""
-        return self._submit(model, x, deadline_ms, capture_ts)[0]
+        return self._submit(model, x, deadline_ms, capture_ts, 0.0)[0]
 
     def _submit(
-        self, model: str, x: Sample, deadline_ms: float | None, capture_ts: float | None
+        self, model: str, x: Sample, deadline_ms: float | None, capture_ts: float | None, margin_s: float
     ) -> tuple[asyncio.Future[Result], Task | None]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         reply = functools.partial(_resolve, future)
-        return future, self.enqueue(model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts)
+        task = self.enqueue(
+            model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts, reply_margin_s=margin_s
+        )
+        return future, task
 
     def enqueue(
         self,
@@ -374,12 +383,13 @@ class Server:
         *,
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
+        reply_margin_s: float = 0.0,
     ) -> Task | None:
         """The cheapest way in, for fronts (call it on the loop): `reply(result)` is called exactly
         once, on the loop, with the request's Result; at once, before this returns, for a refusal
         (then None is returned). No future and no loop callback per request: under overload the
         loop's time per request is what decides how much is served (docs/runtime.md)."""
-        task = self._enqueue(model, x, deadline_ms, capture_ts, reply)
+        task = self._enqueue(model, x, deadline_ms, capture_ts, reply, reply_margin_s)
         if isinstance(task, Result):
             _deliver(reply, task)
             return None
@@ -392,6 +402,7 @@ class Server:
         deadline_ms: float | None,
         capture_ts: float | None,
         reply: Callable[[Result], object],
+        margin_s: float = 0.0,
     ) -> Task | Result:
         """Check the request and queue it as a Task, or refuse it with a Result at once."""
         now = time.monotonic()
@@ -429,8 +440,14 @@ class Server:
                 why = f"overloaded: {model!r} cannot answer within this request's deadline now"
                 return self._refuse(model, Status.REJECTED, now, why)
         assert self._loop is not None and self._idle is not None
+        # The policy spends a task's slack on deeper exits up to its deadline, but the answer is
+        # not back at the caller then: the loop has yet to pick up the batch (answer_lag) and to
+        # run (loop_delay, both measured), and a front's answer then crosses the kernel and the
+        # client's read (margin_s). So the scheduler plans to that much before the deadline, never
+        # to less than PLAN_FLOOR of the budget; `late` still means the request's own deadline.
+        plan = max(budget - margin_s - self._answer_lag - self._loop_delay, PLAN_FLOOR * budget)
         with self._lock:
-            task = self._book.add(m, x, reply, now, budget)
+            task = self._book.add(m, x, reply, now, plan, budget)
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
         if self._busy and self._offload is not None:
@@ -530,7 +547,7 @@ class Server:
             dispatch=task.dispatch,
             start=start,
             end=end,
-            deadline=task.deadline,
+            deadline=task.requested,
             error=error,
         )
 

@@ -18,8 +18,10 @@ from edgeserve.scheduler import TaskQueue
 
 @dataclass(eq=False, slots=True)
 class Task:
-    """One request inside the Server; `deadline` is absolute on time.monotonic(). `reply` gets its
-    Result, once (a front's callback: no future and no extra loop callback per request)."""
+    """One request inside the Server. Times are absolute on time.monotonic(): `requested` is the
+    request's own deadline, `deadline` the one the scheduler plans to, earlier by the answer's way
+    back to its caller (Server._enqueue). `reply` gets its Result, once (a front's callback: no
+    future and no extra loop callback per request)."""
 
     id: int
     model: int
@@ -27,6 +29,7 @@ class Task:
     reply: Callable[[Result], object]
     queued: float
     deadline: float
+    requested: float
     dispatch: float = math.nan  # when its batch was picked (or sent upstream); nan while queued
 
 
@@ -47,10 +50,18 @@ class TaskBook:
         return any(self.queues)
 
     def add(
-        self, model: int, x: Sample, reply: Callable[[Result], object], now: float, budget: float
+        self,
+        model: int,
+        x: Sample,
+        reply: Callable[[Result], object],
+        now: float,
+        budget: float,
+        requested: float | None = None,
     ) -> Task:
-        """Queue a new task at the tail of its model's queue."""
-        task = Task(self._next_id, model, x, reply, now, now + budget)
+        """Queue a new task at the tail of its model's queue, planned to finish within `budget`
+        seconds of `now`; `requested`: the request's own budget, when longer."""
+        requested = budget if requested is None else max(requested, budget)
+        task = Task(self._next_id, model, x, reply, now, now + budget, now + requested)
         self._next_id += 1
         self.queues[model].push(task.id, now, budget)
         self.open[task.id] = task

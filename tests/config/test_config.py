@@ -139,6 +139,16 @@ def test_backend_inline_max_ms_defaults_to_one_and_takes_zero_but_not_negative()
         ServerConfig.from_dict({"models": models, "backend": {"inline_max_ms": -1}})
 
 
+def test_listen_reply_margin_ms_defaults_to_half_a_millisecond_and_takes_zero_but_not_negative() -> None:
+    models = {"m": {"slo_ms": 50}}
+    assert ServerConfig.from_dict({"models": models}).listen.reply_margin_ms == 0.5
+    listen = ServerConfig.from_dict({"models": models, "listen": {"reply_margin_ms": 0}}).listen
+    assert listen.reply_margin_ms == 0
+    for bad in (-1, "1", float("nan")):
+        with pytest.raises(ConfigError, match=r"listen\.reply_margin_ms"):
+            ServerConfig.from_dict({"models": models, "listen": {"reply_margin_ms": bad}})
+
+
 def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path) -> None:
     from edgeserve.config.server import ListenConfig, PreprocessConfig
 

@@ -134,6 +134,30 @@ def test_requests_beyond_the_in_flight_limit_are_rejected_and_every_id_is_answer
     assert all(r.error == TOO_MANY_IN_FLIGHT for r in rejected)
 
 
+def test_the_listen_reply_margin_is_kept_for_the_answers_way_back(served, tmp_path: Path) -> None:
+    """[listen] reply_margin_ms: the scheduler plans a socket request that much before its deadline,
+    so in expire mode a request stuck behind a long batch is answered `expired` that much earlier."""
+    root, models = served
+    x = models["tiny_a"].random_input(1)[0]
+    factory = HookedFactory(delay_s=0.6)
+    config = net_config(config_dict(root, late_tasks="expire"), tmp_path, reply_margin_ms=150)
+    with server_thread(config, factory) as srv:
+
+        async def main() -> tuple[Reply, float]:
+            async with await AsyncClient.connect(srv.unix_url) as client:
+                running = client.send("tiny_a", x)
+                await asyncio.to_thread(factory.backend.entered.wait, 5)
+                sent = time.monotonic()
+                stuck = await client.send("tiny_a", x, deadline_ms=300)
+                elapsed = time.monotonic() - sent
+                await running
+                return stuck, elapsed
+
+        stuck, elapsed = run(main())
+    assert stuck.status == "expired"
+    assert 0.14 <= elapsed < 0.27  # planned to 150 ms, not to the request's 300 ms
+
+
 def test_client_that_disconnects_mid_request_has_its_answers_discarded(served, tmp_path: Path) -> None:
     root, models = served
     xs = models["tiny_a"].random_input(5, seed=9)

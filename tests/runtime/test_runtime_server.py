@@ -258,6 +258,36 @@ def test_deadline_admission_sheds_what_the_queue_would_make_late_and_admits_once
     assert after.status is Status.OK
 
 
+def test_a_reply_margin_makes_the_scheduler_plan_early_and_late_still_means_the_requests_deadline(
+    served,
+) -> None:
+    """`reply_margin_s` (a front's way back) moves the deadline the scheduler plans to, never below
+    half the budget; the Result keeps the request's own deadline. In expire mode a queued task is
+    answered `expired` when its planned deadline becomes hopeless, which makes the plan visible."""
+    _, models = served
+    factory = HookedFactory(delay_s=0.6)  # the executor is busy long after every deadline below
+    x = models["tiny_a"].random_input(1)[0]
+
+    async def main() -> list[Result]:
+        async with Server(_config(served, late_tasks="expire"), backend_factory=factory) as server:
+            running = asyncio.ensure_future(server.infer("tiny_a", x))
+            await asyncio.to_thread(factory.backend.entered.wait, 5)
+            answers = await asyncio.gather(
+                server.infer("tiny_a", x, deadline_ms=400),  # planned to 400 ms
+                server.infer("tiny_a", x, deadline_ms=400, reply_margin_s=0.2),  # to 200 ms
+                server.infer("tiny_a", x, deadline_ms=400, reply_margin_s=5.0),  # to half: 200 ms
+            )
+            await running
+            return answers
+
+    plain, margin, floored = run(main())
+    assert [r.status for r in (plain, margin, floored)] == [Status.EXPIRED] * 3
+    assert [r.deadline - r.queued for r in (plain, margin, floored)] == [pytest.approx(0.4)] * 3
+    waited = [r.end - r.queued for r in (plain, margin, floored)]
+    assert waited[0] >= 0.39
+    assert 0.19 <= waited[1] < waited[0] - 0.1 and 0.19 <= waited[2] < waited[0] - 0.1
+
+
 def test_per_request_deadline_overrides_the_model_slo(served) -> None:
     _, models = served
     x = models["tiny_a"].random_input(1)[0]

@@ -282,7 +282,7 @@ class Offloader:
                     queued=task.queued,
                     dispatch=task.dispatch,
                     end=now,
-                    deadline=task.deadline,
+                    deadline=task.requested,
                     served_by=upstream.name,
                 )
                 self._context.finish(task, result)
