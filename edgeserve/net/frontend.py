@@ -76,8 +76,8 @@ FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run 
 WRITE_HIGH_WATER = 1024 * 1024
 # A connection that sends this many frames past its window in one read floods; while another
 # client does not (no flooding read for POLITE_S, data in the last second), the flood's socket is
-# left unread for FLOOD_PAUSE_S (the kernel holds its frames) so the loop's time goes to the polite
-# client, and for POLITE_S after each hold its window is FLOOD_WINDOW, so that its requests do not
+# left unread for FLOOD_PAUSE_S (the kernel holds its frames, and the frames of its last read wait in
+# its buffer) so the loop's time goes to the polite client, and for POLITE_S after each hold its window is FLOOD_WINDOW, so that its requests do not
 # fill the queues the polite client's wait in (docs/runtime.md). When every client floods, none is
 # held: each frame read is then answered at once, served or `rejected`.
 FLOOD_FRAMES = 16
@@ -457,7 +457,8 @@ class Connection(asyncio.Protocol):
         more = handled == limit and len(buffer) >= HEADER.size
         if more and len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]:
             self._set_backlog(True)
-            asyncio.get_running_loop().call_soon(self._read_frames)
+            if self._flood_timer is None:  # a held flood's frames wait for the hold to end
+                asyncio.get_running_loop().call_soon(self._read_frames)
             return
         self._set_backlog(False)
 
@@ -538,6 +539,10 @@ class Connection(asyncio.Protocol):
 
     def _release_flood(self) -> None:
         self._flood_timer = None
+        if self._backlog:  # frames read before the hold: on with them (reading resumes after)
+            if not self._closing:
+                self._read_frames()
+            return
         if self.transport is not None and not (
             self._closing or self._paused or self._backlog or self._stopped
         ):

@@ -314,6 +314,32 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
         assert srv.stats().flood_pauses >= 1
 
 
+def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One read brings a flood's frames by the hundred: while it is held the loop leaves those in
+    its buffer too (refusing them would cost the polite client the loop's time), and answers
+    every one of them once the holds end."""
+    monkeypatch.setattr(frontend_module, "FLOOD_PAUSE_S", 0.3)
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    sent = 200
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
+        for sock in (flood, polite):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        polite.sendall(encode_frame(valid_request(0)))
+        assert read_frame(polite)["status"] == "ok"
+        _flood(flood, 1_000, sent)
+        times = []
+        for _ in range(sent):
+            assert read_frame(flood) is not None
+            times.append(time.monotonic())
+        assert srv.stats().flood_pauses >= 2
+    early = sum(t - times[0] < 0.15 for t in times)
+    assert early <= 2 * frontend_module.FRAMES_PER_TURN, f"{early} of {sent} answered during the first hold"
+
+
 def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
