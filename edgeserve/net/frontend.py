@@ -76,10 +76,11 @@ FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run 
 WRITE_HIGH_WATER = 1024 * 1024
 # A connection that sends this many frames past its window in one read floods; while another
 # client does not (no flooding read for POLITE_S, data in the last second), the flood's socket is
-# left unread for FLOOD_PAUSE_S (the kernel holds its frames, and the frames of its last read wait in
-# its buffer) so the loop's time goes to the polite client, and for POLITE_S after each hold its window is FLOOD_WINDOW, so that its requests do not
-# fill the queues the polite client's wait in (docs/runtime.md). When every client floods, none is
-# held: each frame read is then answered at once, served or `rejected`.
+# left unread for FLOOD_PAUSE_S (the kernel holds its frames, and the frames of its last read wait
+# in its buffer) so the loop's time goes to the polite client, and for POLITE_S after each hold its
+# window is FLOOD_WINDOW, so that its requests do not fill the queues the polite client's wait in
+# (docs/runtime.md). When every client floods, none is held: each frame read is then answered at
+# once, served or `rejected`.
 FLOOD_FRAMES = 16
 FLOOD_PAUSE_S = 0.05
 POLITE_S = 0.25
@@ -173,8 +174,21 @@ class RefusalFrame:
         return cls(head, body[len(head) + 1 :])
 
     def frame(self, request_id: int) -> bytes:
-        rid = msgpack.packb(request_id)
+        rid = pack_id(request_id)
         return HEADER.pack(len(self.head) + len(rid) + len(self.tail)) + self.head + rid + self.tail
+
+
+def pack_id(request_id: int) -> bytes:
+    """msgpack's encoding of an id (0 .. 2^63-1), as msgpack.packb writes it, without a Packer."""
+    if request_id < 0x80:
+        return bytes((request_id,))
+    if request_id < 0x100:
+        return b"\xcc" + bytes((request_id,))
+    if request_id < 0x10000:
+        return b"\xcd" + request_id.to_bytes(2, "big")
+    if request_id < 0x100000000:
+        return b"\xce" + request_id.to_bytes(4, "big")
+    return b"\xcf" + request_id.to_bytes(8, "big")
 
 
 CACHED_REFUSALS = (Status.REJECTED, Status.SHUTDOWN)  # their error texts do not vary per request
@@ -195,6 +209,17 @@ class Frontend:
         self._drained: asyncio.Event | None = None  # set when in_flight reaches 0 (drain waits on it)
         self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
         self._refusals: dict[tuple[object, ...], RefusalFrame] = {}
+        self._window_refusals: dict[tuple[str, int | None], RefusalFrame] = {}  # by model, priority
+
+    def window_refusal(self, model: str, priority: int | None) -> RefusalFrame:
+        """The cached frame of a `rejected` past a connection's window (bounded like `refusal`)."""
+        frame = self._window_refusals.get((model, priority))
+        if frame is None:
+            if len(self._window_refusals) >= 1024:
+                self._window_refusals.clear()
+            result = Result(Status.REJECTED, model, queued=0.0, end=0.0, error=TOO_MANY_IN_FLIGHT)
+            frame = self._window_refusals[(model, priority)] = self.refusal(result, priority)
+        return frame
 
     def refusal(self, result: Result, priority: int | None) -> RefusalFrame:
         """The cached frame for a refusal like `result` (answered at once: queued == end); the
@@ -640,18 +665,18 @@ class Connection(asyncio.Protocol):
         """A request past this connection's window: `rejected` from its id, model and priority,
         written from a cached frame (only the id differs between two such answers)."""
         frontend = self.frontend
-        frontend.stats.requests += 1
-        model, priority = message.get("model"), message.get("priority")
-        model = model if isinstance(model, str) and len(model) <= MAX_MODEL_NAME else ""
-        priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
-        by_status = frontend.stats.by_status
+        stats = frontend.stats
+        stats.requests += 1
+        by_status = stats.by_status
         by_status["rejected"] = by_status.get("rejected", 0) + 1
         if self._closing:
-            frontend.stats.discarded += 1
+            stats.discarded += 1
             return
         self._over_window += 1
-        result = Result(Status.REJECTED, model, queued=0.0, end=0.0, error=TOO_MANY_IN_FLIGHT)
-        self._write(frontend.refusal(result, priority).frame(message["id"]))
+        model, priority = message.get("model"), message.get("priority")
+        model = model if type(model) is str and len(model) <= MAX_MODEL_NAME else ""
+        priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
+        self._write(frontend.window_refusal(model, priority).frame(message["id"]))
 
     def _on_fast(
         self,
