@@ -252,7 +252,11 @@ class Frontend:
         """Another greeted client is sending and has not flooded lately (see FLOOD_FRAMES)."""
         now = asyncio.get_running_loop().time()
         return any(
-            c is not connection and c.greeted and now - c.last_flood > POLITE_S and now - c.last_data < 1.0
+            c is not connection
+            and c.greeted
+            and now - c.last_flood > POLITE_S
+            and c.refused_lately(now) < FLOOD_FRAMES
+            and now - c.last_data < 1.0
             for c in self.connections
         )
 
@@ -349,6 +353,12 @@ class Connection(asyncio.Protocol):
         self._reading = False  # inside _read_frames (an answer given there must not close under it)
         self._over_window = 0  # frames refused past the window in the current read
         self.last_flood = -math.inf  # loop.time() of the last read with FLOOD_FRAMES past the window
+        # Frames refused past the window in the current POLITE_S period (from loop.time()
+        # _period_start) and in the one before: a client over its window in every read by a few
+        # frames floods as much as one that sends a burst.
+        self._period_start = -math.inf
+        self._refused_now = 0
+        self._refused_before = 0
         self._flood_timer: asyncio.TimerHandle | None = None  # not reading: this client floods
         self._small_window_until = -math.inf  # loop.time(): its window is FLOOD_WINDOW until then
         self._jobs: set[asyncio.Future[None]] = set()  # camera frames being preprocessed
@@ -475,6 +485,8 @@ class Connection(asyncio.Protocol):
         if self._failing is not None or self._closing:
             return  # _fail cleared the buffer
         del buffer[:pos]
+        if self._over_window:
+            self._count_refused(self._over_window)
         if self._over_window >= FLOOD_FRAMES:
             self.last_flood = self._last_data
             self._hold_flood()
@@ -486,6 +498,22 @@ class Connection(asyncio.Protocol):
                 asyncio.get_running_loop().call_soon(self._read_frames)
             return
         self._set_backlog(False)
+
+    def _count_refused(self, n: int) -> None:
+        now = self._last_data
+        age = now - self._period_start
+        if age >= POLITE_S:
+            self._refused_before = self._refused_now if age < 2 * POLITE_S else 0
+            self._refused_now = 0
+            self._period_start = now
+        self._refused_now += n
+
+    def refused_lately(self, now: float) -> int:
+        """Frames refused past the window in the last one to two POLITE_S periods."""
+        age = now - self._period_start
+        if age >= 2 * POLITE_S:
+            return 0
+        return self._refused_now + (self._refused_before if age < POLITE_S else 0)
 
     def _set_backlog(self, backlog: bool) -> None:
         if backlog == self._backlog or self.transport is None or self._closing:

@@ -363,6 +363,27 @@ def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(
     assert len(refused) == 2, answers
 
 
+def test_a_client_a_few_frames_over_its_window_in_every_read_floods_too(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clients over-sending alike: one bursts, the other is over its window by a few frames
+    in each read. The second is not polite (FLOOD_FRAMES refused over the last periods), so the
+    first is not held for its sake (at 2x load every connection is like this)."""
+    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as burst, raw_connect(srv.tcp_url) as steady:
+        for sock in (burst, steady):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        for k in range(5):  # 6 frames a read, window 2: 4 refused each time, 20 in all
+            steady.sendall(b"".join(encode_frame(valid_request(10 * k + i)) for i in range(6)))
+            assert len(_answers(steady, 6)) == 6
+        _flood(burst, 1_000, 300)
+        assert len(_answers(burst, 300)) == 300
+        assert srv.stats().flood_pauses == 0
+
+
 def test_clients_that_all_flood_are_left_unread_at_most_until_each_has_been_seen_flooding(
     served, tmp_path: Path
 ) -> None:
