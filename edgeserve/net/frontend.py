@@ -340,6 +340,7 @@ class Connection(asyncio.Protocol):
         self._hello_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0  # loop.time() of the last bytes received
+        self._read_at = 0.0  # time.monotonic() of the read that brought the buffer's first frame
         self._buffer = bytearray()
         self._greeted = False
         self._closing = False
@@ -442,6 +443,8 @@ class Connection(asyncio.Protocol):
         if self._closing or self._failing is not None:
             return  # after an error: discard until the peer closes
         self._last_data = asyncio.get_running_loop().time()
+        if not self._backlog:  # else the frames still buffered came with an earlier read
+            self._read_at = time.monotonic()
         self._buffer += data
         if not self._backlog:
             self._read_frames()
@@ -729,6 +732,7 @@ class Connection(asyncio.Protocol):
                 deadline_ms=deadline_ms,
                 capture_ts=capture_ts,
                 reply_margin_s=frontend.margin_s,
+                received=self._read_at,
             )
         except Exception as exc:  # never lose an answer, whatever went wrong
             self._on_error(request_id, model, priority, exc)
@@ -748,7 +752,7 @@ class Connection(asyncio.Protocol):
                 and tensor is not None
                 and tensor.dtype == np.uint8
             ):
-                job = asyncio.ensure_future(self._preprocess_and_enqueue(request, reply))
+                job = asyncio.ensure_future(self._preprocess_and_enqueue(request, reply, self._read_at))
                 self._jobs.add(job)  # a reference, so the job is not collected half-way
                 job.add_done_callback(self._jobs.discard)
             else:
@@ -759,6 +763,7 @@ class Connection(asyncio.Protocol):
                     deadline_ms=request.deadline_ms,
                     capture_ts=request.capture_ts,
                     reply_margin_s=frontend.margin_s,
+                    received=self._read_at,
                 )
         except Exception as exc:  # never lose an answer, whatever went wrong
             self._on_error(request.id, request.model, request.priority, exc)
@@ -769,8 +774,11 @@ class Connection(asyncio.Protocol):
         _log.error("request %d from %s failed: %s\n%s", request_id, self.peer, why, trace)
         self._on_answer(request_id, priority, Result(Status.ERROR, model, error=why))
 
-    async def _preprocess_and_enqueue(self, request: InferRequest, reply: functools.partial[None]) -> None:
-        """A camera frame (uint8 HWC): resize and convert off the loop, then queue; one answer."""
+    async def _preprocess_and_enqueue(
+        self, request: InferRequest, reply: functools.partial[None], received: float
+    ) -> None:
+        """A camera frame (uint8 HWC): resize and convert off the loop, then queue (its budget
+        running from when it was read); one answer."""
         server = self.frontend.server
         try:
             pre = server.config.models[request.model].preprocess
@@ -788,6 +796,7 @@ class Connection(asyncio.Protocol):
                 deadline_ms=request.deadline_ms,
                 capture_ts=request.capture_ts,
                 reply_margin_s=self.frontend.margin_s,
+                received=received,
             )
         except Exception as exc:  # never lose an answer
             self._on_error(request.id, request.model, request.priority, exc)
@@ -819,14 +828,28 @@ class Connection(asyncio.Protocol):
             return
         if status in CACHED_REFUSALS and result.end == result.queued:
             self._write(self.frontend.refusal(result, priority).frame(request_id))
-        else:
+        elif self._reading:
             self._write(encode_frame(result_message(request_id, result, priority)))
+        else:
+            self._write_now(encode_frame(result_message(request_id, result, priority)))
+
+    def _write_now(self, frame: bytes) -> None:
+        """A finished batch's answer leaves at once, with what is queued before it: at the end of
+        the loop turn it would wait behind the turn's reads (up to FRAMES_PER_TURN frames per
+        connection), time its client counts against the deadline."""
+        if self.transport is None or self._closing:
+            return
+        if self._out:
+            self._out.append(frame)
+            self._flush()
+        else:
+            self.transport.write(frame)
 
     def _send(self, message: dict[str, Any]) -> None:
         self._write(encode_frame(message))
 
     def _write(self, frame: bytes) -> None:
-        """Queue a frame; the frames of one loop turn leave in one write."""
+        """Queue a frame; the frames of one loop turn (refusals, the hello) leave in one write."""
         if self.transport is None or self._closing:
             return
         if not self._out:

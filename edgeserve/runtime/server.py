@@ -384,12 +384,15 @@ class Server:
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
         reply_margin_s: float = 0.0,
+        received: float | None = None,
     ) -> Task | None:
         """The cheapest way in, for fronts (call it on the loop): `reply(result)` is called exactly
         once, on the loop, with the request's Result; at once, before this returns, for a refusal
         (then None is returned). No future and no loop callback per request: under overload the
-        loop's time per request is what decides how much is served (docs/runtime.md)."""
-        task = self._enqueue(model, x, deadline_ms, capture_ts, reply, reply_margin_s)
+        loop's time per request is what decides how much is served (docs/runtime.md). `received`:
+        the time.monotonic() at which the front read the request; a `deadline_ms` (or the SLO)
+        runs from then, so a request that waited in the front's buffer has that much less."""
+        task = self._enqueue(model, x, deadline_ms, capture_ts, reply, reply_margin_s, received)
         if isinstance(task, Result):
             _deliver(reply, task)
             return None
@@ -403,6 +406,7 @@ class Server:
         capture_ts: float | None,
         reply: Callable[[Result], object],
         margin_s: float = 0.0,
+        received: float | None = None,
     ) -> Task | Result:
         """Check the request and queue it as a Task, or refuse it with a Result at once."""
         now = time.monotonic()
@@ -414,10 +418,18 @@ class Server:
             why = f"unknown model {model!r}; served: {', '.join(self._names)}"
             return self._refuse(UNKNOWN_MODEL, Status.INVALID, now, why, model)
         budget, problem = self._budget(m, deadline_ms, capture_ts)
-        if problem is None and budget <= 0:
-            slo_ms = self._budget_s[m] * 1000.0
-            why = f"captured {slo_ms - budget * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
+        waited = 0.0 if received is None or capture_ts is not None else max(now - received, 0.0)
+        if problem is None and budget <= waited:
+            if capture_ts is not None:
+                slo_ms = self._budget_s[m] * 1000.0
+                why = f"captured {slo_ms - budget * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
+            else:
+                why = (
+                    f"waited {waited * 1000.0:.1f} ms to be read, past its {budget * 1000.0:g} ms "
+                    "deadline (the server is overloaded)"
+                )
             return self._refuse(model, Status.EXPIRED, now, why)
+        budget -= waited
         if problem is None:
             x, problem = self._sample(m, x)
         if problem is not None:

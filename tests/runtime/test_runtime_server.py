@@ -288,6 +288,27 @@ def test_a_reply_margin_makes_the_scheduler_plan_early_and_late_still_means_the_
     assert 0.19 <= waited[1] < waited[0] - 0.1 and 0.19 <= waited[2] < waited[0] - 0.1
 
 
+def test_a_request_the_front_read_earlier_has_that_much_less_budget(served) -> None:
+    """`received` (when a front read the frame): the deadline runs from then; one that waited in
+    the front's buffer past its deadline is answered `expired` at once."""
+    _, models = served
+    x = models["tiny_a"].random_input(1)[0]
+
+    async def main() -> tuple[Result, Result]:
+        async with Server(_config(served)) as server:
+            got: list[Result] = []
+            now = time.monotonic()
+            server.enqueue("tiny_a", x, got.append, deadline_ms=500, received=now - 1.0)
+            stale = got.pop()
+            done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+            server.enqueue("tiny_a", x, done.set_result, deadline_ms=500, received=now - 0.2)
+            return stale, await done
+
+    stale, fresh = run(main())
+    assert stale.status is Status.EXPIRED and stale.refused and "to be read" in (stale.error or "")
+    assert fresh.ok and fresh.deadline - fresh.queued == pytest.approx(0.3, abs=0.05)
+
+
 def test_per_request_deadline_overrides_the_model_slo(served) -> None:
     _, models = served
     x = models["tiny_a"].random_input(1)[0]
