@@ -3,9 +3,10 @@
 limit: the same model's ONNX Runtime sessions alone in a loop at batch 1 (`session`, the final
 exit, no server at all).
 
-One process, one event loop: the Server, its listeners and the clients share the loop, so the
-added cost below includes the client's encode/decode as well as the server's frame handling. Rounds
-interleave the three paths so machine noise hits them alike. Two measurements per path:
+The socket and HTTP clients run in a second process with its own event loop, as a camera or an
+application would (`--same-process`: on the server's own loop, as before, which charges the
+client's encode/decode to the server's loop and GIL). Rounds interleave the paths so machine noise
+hits them alike. Two measurements per path:
 
 - latency: one request at a time (batch 1), p50/p99 in microseconds; "added" is the difference
   from the direct path's percentile;
@@ -24,14 +25,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from edgeserve.loop import run
+from edgeserve.loop import new_event_loop, run
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.service.process import NetServer
@@ -69,6 +73,50 @@ async def throughput(call: Call, xs: np.ndarray, concurrency: int, seconds: floa
     return done / (time.perf_counter() - t0)
 
 
+def client_calls(unix: AsyncClient, tcp: AsyncClient, oip: OipClient, model: str) -> dict[str, Call]:
+    """The served paths as the project's own clients call them."""
+
+    def over(client: AsyncClient) -> Call:
+        async def call(x: np.ndarray) -> str:
+            return (await client.infer(model, x)).status
+
+        return call
+
+    def over_http(binary: bool) -> Call:
+        async def call(x: np.ndarray) -> str:
+            reply = await oip.infer(model, {"x": x[None]}, binary=binary)
+            return "ok" if reply.status == 200 else str(reply.status)
+
+        return call
+
+    return {"unix": over(unix), "tcp": over(tcp), "http-bin": over_http(True), "http-json": over_http(False)}
+
+
+async def _client(pipe: Connection, urls: list[str], model: str, xs: np.ndarray, concurrency: int) -> None:
+    unix, tcp = await AsyncClient.connect(urls[0]), await AsyncClient.connect(urls[1])
+    oip = OipClient(urls[2], max_connections=concurrency)
+    calls = client_calls(unix, tcp, oip, model)
+    pipe.send("ready")
+    while (command := pipe.recv()) is not None:  # blocking: nothing else runs here meanwhile
+        kind, name, amount = command
+        if kind == "latencies":
+            pipe.send(await latencies(calls[name], xs, amount))
+        else:
+            pipe.send(await throughput(calls[name], xs, concurrency, amount))
+    await unix.close()
+    await tcp.close()
+    await oip.close()
+
+
+def client_main(pipe: Connection, urls: list[str], model: str, xs: np.ndarray, concurrency: int) -> None:
+    """The client process: measures what the server process asks for, one command at a time."""
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_client(pipe, urls, model, xs, concurrency))
+    finally:
+        loop.close()
+
+
 async def main(args: argparse.Namespace) -> None:
     sock_dir = Path(tempfile.mkdtemp(prefix="edgeserve-bench-"))
     config = {
@@ -92,57 +140,71 @@ async def main(args: argparse.Namespace) -> None:
         server = net.server
         spec = server.manifest(args.model).input
         xs = np.random.default_rng(0).standard_normal((64, *spec.shape)).astype(spec.dtype)
-        unix = await AsyncClient.connect(net.urls[0])
-        tcp = await AsyncClient.connect(net.urls[1])
-        oip = OipClient(net.urls[2], max_connections=args.concurrency)
 
         async def direct(x: np.ndarray) -> str:
             return (await server.infer(args.model, x)).status.value
-
-        def over(client: AsyncClient) -> Call:
-            async def call(x: np.ndarray) -> str:
-                return (await client.infer(args.model, x)).status
-
-            return call
-
-        def over_http(binary: bool) -> Call:
-            async def call(x: np.ndarray) -> str:
-                reply = await oip.infer(args.model, {"x": x[None]}, binary=binary)
-                return "ok" if reply.status == 200 else str(reply.status)
-
-            return call
 
         async def session(x: np.ndarray) -> str:
             alone.run(args.model, final, x[None])
             return "ok"
 
-        paths: dict[str, Call] = {
-            "session": session,
-            "direct": direct,
-            "unix": over(unix),
-            "tcp": over(tcp),
-            "http-bin": over_http(True),
-            "http-json": over_http(False),
-        }
-        for call in paths.values():  # warm-up
-            await latencies(call, xs, 50)
-        lat: dict[str, list[float]] = {name: [] for name in paths}
-        rps: dict[str, list[float]] = {name: [] for name in paths}
+        local: dict[str, Call] = {"session": session, "direct": direct}
+        if args.same_process:
+            unix, tcp = await AsyncClient.connect(net.urls[0]), await AsyncClient.connect(net.urls[1])
+            oip = OipClient(net.urls[2], max_connections=args.concurrency)
+            local |= client_calls(unix, tcp, oip, args.model)
+            remote = None
+        else:
+            pipe, child_end = mp.get_context("spawn").Pipe()
+            child = mp.get_context("spawn").Process(
+                target=client_main, args=(child_end, net.urls, args.model, xs, args.concurrency), daemon=True
+            )
+            child.start()
+            assert await asyncio.to_thread(pipe.recv) == "ready"
+
+            async def remote(kind: str, name: str, amount: Any) -> Any:
+                pipe.send((kind, name, amount))  # the server's loop runs while the client measures
+                return await asyncio.to_thread(pipe.recv)
+
+        names = [*local, "unix", "tcp", "http-bin", "http-json"]
+
+        async def measure_latencies(name: str, n: int) -> list[float]:
+            if name in local:
+                return await latencies(local[name], xs, n)
+            assert remote is not None
+            return list(await remote("latencies", name, n))
+
+        async def measure_throughput(name: str, seconds: float) -> float:
+            if name in local:
+                return await throughput(local[name], xs, args.concurrency, seconds)
+            assert remote is not None
+            return float(await remote("throughput", name, seconds))
+
+        for name in names:  # warm-up
+            await measure_latencies(name, 50)
+        lat: dict[str, list[float]] = {name: [] for name in names}
+        rps: dict[str, list[float]] = {name: [] for name in names}
         per_round = max(1, args.requests // args.rounds)
         for _ in range(args.rounds):
-            for name, call in paths.items():
-                lat[name] += await latencies(call, xs, per_round)
-                rps[name].append(await throughput(call, xs, args.concurrency, args.seconds / args.rounds))
-        await unix.close()
-        await tcp.close()
-        await oip.close()
+            for name in names:
+                lat[name] += await measure_latencies(name, per_round)
+                rps[name].append(await measure_throughput(name, args.seconds / args.rounds))
+        if args.same_process:
+            await unix.close()
+            await tcp.close()
+            await oip.close()
+        else:
+            pipe.send(None)
+            await asyncio.to_thread(child.join, 30)
     sock_dir.rmdir()
+    paths = names
     alone.close()
 
     base50, base99 = (float(np.percentile(lat["direct"], q)) for q in (50, 99))
     print(
         f"{args.model}: {len(lat['direct'])} sequential requests per path, throughput at concurrency "
-        f"{args.concurrency}; ONNX Runtime {args.threads} thread(s)"
+        f"{args.concurrency}; ONNX Runtime {args.threads} thread(s); socket and HTTP clients "
+        f"{'on the server loop' if args.same_process else 'in a second process'}"
     )
     header = f"{'path':<9} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
     print("(added: over the direct path's percentile)")
@@ -175,6 +237,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0, help="throughput time per path")
+    parser.add_argument(
+        "--same-process", action="store_true", help="clients on the server's own loop (the old setup)"
+    )
     return parser.parse_args()
 
 
