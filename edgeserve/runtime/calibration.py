@@ -44,7 +44,11 @@ MIN_CHANGE = 0.03
 
 
 def _estimate(ratios: deque[float]) -> float:
-    return float(np.median(np.fromiter(ratios, float, len(ratios))))
+    """The median, as np.median gives it, in well under a microsecond for a ring this small (np.median
+    costs ~8 us, and this runs on every batch, on the thread that decides the next one)."""
+    ordered = sorted(ratios)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 @dataclass
