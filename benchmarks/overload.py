@@ -65,6 +65,8 @@ SCRAPED = {  # summed over models
     "process_cpu_seconds_total": "cpu",
     "edgeserve_request_duration_seconds_count": "ok_n",  # the server's arrival-to-answer, `ok` only
     "edgeserve_request_duration_seconds_sum": "ok_s",
+    "edgeserve_batches_total": "batches",
+    "edgeserve_compute_duration_seconds_sum": "compute_s",
 }
 
 # -- the load generator (its own process) ----------------------------------------------------------
@@ -243,7 +245,7 @@ def worker_main(pipe: Connection) -> None:
 def scrape(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=15) as response:
         text = response.read().decode()
-    out: dict[str, Any] = {"busy": 0.0, "cpu": 0.0, "ok_n": 0.0, "ok_s": 0.0, "gap": {}}
+    out: dict[str, Any] = {name: 0.0 for name in SCRAPED.values()} | {"gap": {}}
     for name, labels, value in read_exposition(text):
         if name in SCRAPED:
             out[SCRAPED[name]] += value
@@ -290,6 +292,7 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
     after = scrape(metrics)
     conns = [c for pipe in pipes for c in _recv(pipe, limit)[1]["conns"]]
     window, seconds = after["t"] - before["t"], max(s[1] for s in sent)
+    batches = max(after["batches"] - before["batches"], 1)
     gap = {le: n - before["gap"].get(le, 0.0) for le, n in after["gap"].items()}
     return {
         "conns": conns,
@@ -299,6 +302,9 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         "server_cpu": (after["cpu"] - before["cpu"]) / window,
         "busy": (after["busy"] - before["busy"]) / window,
         "server_ok_ms": 1e3 * (after["ok_s"] - before["ok_s"]) / max(after["ok_n"] - before["ok_n"], 1),
+        # what the executor did per batch: its mean size (ok answers per batch) and compute time
+        "batch_mean": (after["ok_n"] - before["ok_n"]) / batches,
+        "batch_us": 1e6 * (after["compute_s"] - before["compute_s"]) / batches,
         **gap_quantiles(gap),
     }
 
@@ -337,7 +343,8 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "level|level|>6 offered/s|offered_per_s|>9.0f x|offered_x|>5.2f in-dl/s|in_deadline_per_s|>8.0f "
     "x|in_deadline_x|>5.2f rej/s|rejected_per_s|>7.0f x|rejected_x|>5.2f exp/s|expired_per_s|>6.0f "
     "x|expired_x|>5.2f late/s|late_per_s|>6.0f x|late_x|>5.2f lost|lost|>5 p50ms|p50_ms|>6.2f "
-    "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f busy|busy|>5.2f gap50us|gap_p50_us|>7.0f "
+    "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f batch|batch_mean|>5.1f "
+    "batchus|batch_us|>7.0f busy|busy|>5.2f gap50us|gap_p50_us|>7.0f "
     "gap99us|gap_p99_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]

@@ -211,6 +211,7 @@ class Frontend:
         self.write_high_water = WRITE_HIGH_WATER  # bytes buffered for one client before reading pauses
         self.in_flight = 0  # accepted requests not answered yet, all connections
         self._drained: asyncio.Event | None = None  # set when in_flight reaches 0 (drain waits on it)
+        self._all_closed: asyncio.Event | None = None  # set when the last connection is lost
         self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
         self._refusals: dict[tuple[object, ...], RefusalFrame] = {}
         self.window_refusals: dict[tuple[str, int | None], RefusalFrame] = {}  # by model, priority
@@ -331,6 +332,21 @@ class Frontend:
         for connection in list(self.connections):
             connection.close()
 
+    async def wait_closed(self, timeout: float) -> None:
+        """Wait (bounded) until every connection is gone. A transport's close() writes what is
+        buffered first, in the background: a process that exits before then loses the answers
+        still in its buffers (under a flood, thousands of refusals)."""
+        if self.connections:
+            self._all_closed = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), timeout)
+            self._all_closed = None
+
+    def lost(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        if not self.connections and self._all_closed is not None:
+            self._all_closed.set()
+
 
 class Connection(asyncio.Protocol):
     """One client: hello first, then pipelined infer requests answered in completion order."""
@@ -425,7 +441,7 @@ class Connection(asyncio.Protocol):
             return  # refused over the cap: never counted
         self._admitted = False
         frontend = self.frontend
-        frontend.connections.discard(self)
+        frontend.lost(self)
         frontend.per_listener[self.listener] -= 1
         frontend.stats.open_connections -= 1
         _log.info("client disconnected: %s (%d requests still in flight)", self.peer, self._in_flight)

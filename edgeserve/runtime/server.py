@@ -528,8 +528,11 @@ class Server:
         return x, _tensor_problem(f"model {name!r}", *single, x)
 
     def _refuse(self, key: str, status: Status, now: float, error: str, model: str | None = None) -> Result:
-        """Answer at once without queueing; counted under `key` (a served model or UNKNOWN_MODEL)."""
+        """Answer at once without queueing; counted under `key` (a served model or UNKNOWN_MODEL).
+        An `expired` (past its deadline before it could be queued) is a deadline violation too."""
         self.counters.requests[(key, status.value)] += 1
+        if status is Status.EXPIRED:
+            self.counters.violations[key] += 1
         return Result(status=status, model=key if model is None else model, queued=now, end=now, error=error)
 
     def _result(

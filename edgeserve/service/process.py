@@ -24,6 +24,10 @@ from edgeserve.net.listeners import Listeners, open_listeners, require_listener
 from edgeserve.oip.frontend import OipFrontend
 from edgeserve.runtime import BackendFactory, Server, load_config
 
+# How long a stopping server waits for its connections to write the answers left in their buffers
+# (a client that does not read them loses them then; the stop stays within shutdown_timeout_s + 1 s).
+CLOSE_TIMEOUT_S = 0.5
+
 _log = logging.getLogger(__name__)
 
 
@@ -92,6 +96,7 @@ class NetServer:
         await self.server.close()
         await self.frontend.drain(timeout=2.0)  # every accepted request is answered before connections close
         self.frontend.close_all()
+        await self.frontend.wait_closed(timeout=CLOSE_TIMEOUT_S)  # the answers buffered go out first
         if self.listeners is not None:
             await self.listeners.wait_closed()
         if self.oip is not None:  # after Server.close: every in-flight HTTP request has its answer
