@@ -59,7 +59,10 @@ STATUS = {"ok": 0, "rejected": 1, "expired": 2}  # anything else (error, invalid
 PACK_ID = struct.Struct(">I").pack  # ids as msgpack uint32 (0xce + 4 bytes): a fixed frame length
 WRITE_CAP = 64 * 2**20  # past this many unsent bytes on a connection, new arrivals count as unsent
 TICK = 0.001  # a sender sleeps at least this long: sub-ms sleeps would spin the loop per request
-GAP = "edgeserve_executor_idle_gap_seconds_bucket"
+HISTOGRAMS = {  # buckets scraped for quantiles
+    "edgeserve_executor_idle_gap_seconds_bucket": "gap",
+    "edgeserve_scheduler_decision_seconds_bucket": "decision",
+}
 SCRAPED = {  # summed over models
     "edgeserve_executor_busy_seconds_total": "busy",
     "process_cpu_seconds_total": "cpu",
@@ -245,12 +248,12 @@ def worker_main(pipe: Connection) -> None:
 def scrape(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=15) as response:
         text = response.read().decode()
-    out: dict[str, Any] = {name: 0.0 for name in SCRAPED.values()} | {"gap": {}}
+    out: dict[str, Any] = {name: 0.0 for name in SCRAPED.values()} | {h: {} for h in HISTOGRAMS.values()}
     for name, labels, value in read_exposition(text):
         if name in SCRAPED:
             out[SCRAPED[name]] += value
-        elif name == GAP:
-            out["gap"][float(labels["le"])] = value
+        elif name in HISTOGRAMS:
+            out[HISTOGRAMS[name]][float(labels["le"])] = value
     return out | {"t": time.monotonic()}
 
 
@@ -293,7 +296,7 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
     conns = [c for pipe in pipes for c in _recv(pipe, limit)[1]["conns"]]
     window, seconds = after["t"] - before["t"], max(s[1] for s in sent)
     batches = max(after["batches"] - before["batches"], 1)
-    gap = {le: n - before["gap"].get(le, 0.0) for le, n in after["gap"].items()}
+    spans = {h: {le: n - before[h].get(le, 0.0) for le, n in after[h].items()} for h in HISTOGRAMS.values()}
     return {
         "conns": conns,
         "seconds": seconds,
@@ -305,19 +308,20 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         # what the executor did per batch: its mean size (ok answers per batch) and compute time
         "batch_mean": (after["ok_n"] - before["ok_n"]) / batches,
         "batch_us": 1e6 * (after["compute_s"] - before["compute_s"]) / batches,
-        **gap_quantiles(gap),
+        **quantiles("gap", spans["gap"]),
+        **quantiles("decision", spans["decision"]),
     }
 
 
-def gap_quantiles(gap: dict[float, float]) -> dict[str, Any]:
-    """Idle gap P50/P99 in us (nan without the histogram). Where one lies past the highest finite
+def quantiles(name: str, buckets: dict[float, float]) -> dict[str, Any]:
+    """P50/P99 in us of one histogram (nan without it). Where one lies past the highest finite
     bucket, histogram_quantile answers that bound: flagged `_capped`, shown as ">bound"."""
-    total = gap.get(math.inf, 0.0)
-    beyond = total - max((n for le, n in gap.items() if le != math.inf), default=0.0)
+    total = buckets.get(math.inf, 0.0)
+    beyond = total - max((n for le, n in buckets.items() if le != math.inf), default=0.0)
     out: dict[str, Any] = {}
     for q in (50, 99):
-        out[f"gap_p{q}_us"] = 1e6 * histogram_quantile(q / 100, gap)
-        out[f"gap_p{q}_us_capped"] = total > 0 and beyond > (1 - q / 100) * total
+        out[f"{name}_p{q}_us"] = 1e6 * histogram_quantile(q / 100, buckets)
+        out[f"{name}_p{q}_us_capped"] = total > 0 and beyond > (1 - q / 100) * total
     return out
 
 
@@ -345,7 +349,7 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "x|expired_x|>5.2f late/s|late_per_s|>6.0f x|late_x|>5.2f lost|lost|>5 p50ms|p50_ms|>6.2f "
     "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f batch|batch_mean|>5.1f "
     "batchus|batch_us|>7.0f busy|busy|>5.2f gap50us|gap_p50_us|>7.0f "
-    "gap99us|gap_p99_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
+    "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]
 HEAD = " ".join(f"{h:{f.split('.')[0]}}" for h, _, f in COLUMNS)

@@ -66,6 +66,7 @@ ADMISSION_SHARE = 0.5
 # The scheduler plans each task to finish before its deadline by the answer's way back, but
 # always keeps at least this share of the budget (Server._enqueue).
 PLAN_FLOOR = 0.5
+PLAN_LAG_STEP_S = 0.2e-3  # the plans' measured margin follows the loop's delays in steps this large
 LAG_WEIGHT = 0.2  # EWMA weight of the latest batch's answer delay (batch end -> loop callback)
 # Short batches run on the loop only while a callback it schedules runs within this (an EWMA):
 # past it the loop is busy reading, and a batch run there would hold every connection's frames.
@@ -163,6 +164,7 @@ class Server:
         self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
         self._kicked_at = 0.0
         self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
+        self._plan_lag = 0.0  # the two EWMAs above as the plans use them (held: PLAN_LAG_STEP_S)
         # The queues and the busy state are shared with the executor thread, which decides the
         # next batch itself as one ends (`_follow`): every change to them holds this lock
         # (reentrant: a failing policy answers the queued requests while the loop holds it).
@@ -417,19 +419,19 @@ class Server:
         if m < 0:
             why = f"unknown model {model!r}; served: {', '.join(self._names)}"
             return self._refuse(UNKNOWN_MODEL, Status.INVALID, now, why, model)
-        budget, problem = self._budget(m, deadline_ms, capture_ts)
+        total, problem = self._budget(m, deadline_ms, capture_ts)
         waited = 0.0 if received is None or capture_ts is not None else max(now - received, 0.0)
-        if problem is None and budget <= waited:
+        if problem is None and total <= waited:
             if capture_ts is not None:
                 slo_ms = self._budget_s[m] * 1000.0
-                why = f"captured {slo_ms - budget * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
+                why = f"captured {slo_ms - total * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
             else:
                 why = (
-                    f"waited {waited * 1000.0:.1f} ms to be read, past its {budget * 1000.0:g} ms "
+                    f"waited {waited * 1000.0:.1f} ms to be read, past its {total * 1000.0:g} ms "
                     "deadline (the server is overloaded)"
                 )
             return self._refuse(model, Status.EXPIRED, now, why)
-        budget -= waited
+        budget = total - waited  # what is left of it now
         if problem is None:
             x, problem = self._sample(m, x)
         if problem is not None:
@@ -444,9 +446,9 @@ class Server:
             # the budget: the client's write, the kernel and the answer's way back need the rest.
             # A queue shorter than a full batch admits: the task rides in the head's batch.
             # (With upstreams, work the box cannot serve in time may go upstream instead.)
-            waited = now - float(queue.arrivals[0])
+            head_waited = now - float(queue.arrivals[0])
             if (
-                waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget
+                head_waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget
                 and len(queue) >= self._full_batch[m]
             ):
                 why = f"overloaded: {model!r} cannot answer within this request's deadline now"
@@ -456,10 +458,17 @@ class Server:
         # not back at the caller then: the loop has yet to pick up the batch (answer_lag) and to
         # run (loop_delay, both measured), and a front's answer then crosses the kernel and the
         # client's read (margin_s). So the scheduler plans to that much before the deadline, never
-        # to less than PLAN_FLOOR of the budget; `late` still means the request's own deadline.
-        plan = max(budget - margin_s - self._answer_lag - self._loop_delay, PLAN_FLOOR * budget)
+        # to less than PLAN_FLOOR of what is left; `late` still means the request's own deadline.
+        # The measured part is held steady (it moves by PLAN_LAG_STEP_S at least) and the plan
+        # counts from the read, so that requests alike get one budget to the bit: a queue with
+        # one budget is ordered by urgency, and the policy scores it in a fraction of the time
+        # (scheduler/fast_scoring.py), which the executor waits for between two batches.
+        lag = self._answer_lag + self._loop_delay
+        if abs(lag - self._plan_lag) > PLAN_LAG_STEP_S:
+            self._plan_lag = lag
+        plan = max(total - margin_s - self._plan_lag, waited + PLAN_FLOOR * budget)
         with self._lock:
-            task = self._book.add(m, x, reply, now, plan, budget)
+            task = self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
         if self._busy and self._offload is not None:

@@ -30,6 +30,7 @@ class Task:
     queued: float
     deadline: float
     requested: float
+    arrival: float  # where its queue ages it from: when its budget started (for a front, the read)
     dispatch: float = math.nan  # when its batch was picked (or sent upstream); nan while queued
 
 
@@ -57,13 +58,17 @@ class TaskBook:
         now: float,
         budget: float,
         requested: float | None = None,
+        arrival: float | None = None,
     ) -> Task:
-        """Queue a new task at the tail of its model's queue, planned to finish within `budget`
-        seconds of `now`; `requested`: the request's own budget, when longer."""
+        """Queue a new task, planned to finish within `budget` seconds of `arrival` (default
+        `now`; a front's request: when it was read, its budget runs from then); `requested`: the
+        request's own budget, when longer. The queue stays FIFO by arrival: a task read before the
+        newest queued one (it waited in its connection's buffer) goes in its place by age."""
+        arrival = now if arrival is None else arrival
         requested = budget if requested is None else max(requested, budget)
-        task = Task(self._next_id, model, x, reply, now, now + budget, now + requested)
+        task = Task(self._next_id, model, x, reply, now, arrival + budget, arrival + requested, arrival)
         self._next_id += 1
-        self.queues[model].push(task.id, now, budget)
+        self.queues[model].insert(task.id, arrival, budget)
         self.open[task.id] = task
         return task
 
@@ -98,7 +103,7 @@ class TaskBook:
         back = [t for t in tasks if t.id in self.open]
         for task in back:
             task.dispatch = math.nan
-            self.queues[task.model].insert(task.id, task.queued, task.deadline - task.queued)
+            self.queues[task.model].insert(task.id, task.arrival, task.deadline - task.arrival)
         return back
 
     def withdraw(self, task: Task) -> bool:

@@ -309,6 +309,37 @@ def test_a_request_the_front_read_earlier_has_that_much_less_budget(served) -> N
     assert fresh.ok and fresh.deadline - fresh.queued == pytest.approx(0.3, abs=0.05)
 
 
+def test_requests_alike_read_at_different_times_share_one_planned_budget(served) -> None:
+    """The plan runs from the read (`received`) and its measured margin is held steady, so a
+    queue of requests alike has one budget: the policy then scores it the fast way."""
+    _, models = served
+    x = models["tiny_a"].random_input(1)[0]
+    factory = HookedFactory(delay_s=0.3)
+
+    async def main() -> tuple[float | None, list[float], list[Result]]:
+        async with Server(_config(served), backend_factory=factory) as server:
+            running = asyncio.ensure_future(server.infer("tiny_a", x))
+            await asyncio.to_thread(factory.backend.entered.wait, 5)
+            now = time.monotonic()
+            futures = []
+            for ago in (0.004, 0.001, 0.009, 0.0, 0.002):  # reads of several connections, out of order
+                future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+                server.enqueue(
+                    "tiny_a", x, future.set_result, deadline_ms=800, reply_margin_s=5e-4, received=now - ago
+                )
+                futures.append(future)
+            queue = server._queues[0]
+            budget, arrivals = queue.uniform_budget, queue.arrivals.tolist()
+            results = list(await asyncio.gather(*futures))
+            await running
+            return budget, arrivals, results
+
+    budget, arrivals, results = run(main())
+    assert budget is not None and budget < 0.8
+    assert arrivals == sorted(arrivals)
+    assert all(r.ok for r in results)
+
+
 def test_per_request_deadline_overrides_the_model_slo(served) -> None:
     _, models = served
     x = models["tiny_a"].random_input(1)[0]

@@ -58,3 +58,20 @@ def test_only_a_queued_task_can_be_withdrawn() -> None:
         assert tasks[1].id not in book.open and len(book.queues[0]) == 0
     finally:
         loop.close()
+
+
+def test_a_task_read_before_the_newest_queued_one_takes_its_place_by_age_with_its_deadline() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        book = TaskBook(models=1)
+        x = np.zeros(1, np.float32)
+        first = book.add(0, x, loop.create_future(), now=10.0, budget=1.0, arrival=9.9)
+        second = book.add(0, x, loop.create_future(), now=10.1, budget=1.0, arrival=10.05)
+        late_read = book.add(0, x, loop.create_future(), now=10.2, budget=1.0, arrival=10.0)
+        queue = book.queues[0]
+        assert queue.ids.tolist() == [first.id, late_read.id, second.id]  # FIFO by age
+        assert queue.arrivals.tolist() == [9.9, 10.0, 10.05]
+        assert late_read.deadline == 11.0 and late_read.queued == 10.2
+        assert queue.uniform_budget == 1.0  # one budget: the policy's fast scoring applies
+    finally:
+        loop.close()
