@@ -137,8 +137,9 @@ class SchedulerConfig:
     late_tasks = "expire": answer `expired` at once and spend the accelerator on tasks that can
     still make it (lazy drop, as in Jellyfish). Both count a violation.
     admission = "deadline" (the default): refuse (`rejected`) on arrival a request whose model's
-    queue head has already waited longer than half the new request's deadline allows (a task at
-    the tail of a FIFO waits about as long, and the answer's way back needs the rest): under
+    queue head has already waited so long that the new request, waiting about as long at the
+    tail of the FIFO and then served at the shallowest exit, would miss the deadline the
+    scheduler plans it to (its own, less the answer's way back): under
     overload the server sheds at once what it would serve late, and as the queue drains it admits
     again; a queue shorter than the largest batch always admits (the task joins the head's batch)
     (not with upstreams: the offloader sends such work upstream instead); "all" queues every

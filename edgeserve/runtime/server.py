@@ -60,9 +60,6 @@ TIMER_SLACK_S = 1e-3  # event-loop timers are ms-granular: fire a Wait's wake-up
 # When the configured policy raises (a bug, or a state it cannot score), this simple rule decides
 # instead, so one bad decision never fails the requests queued behind it.
 FALLBACK_POLICY = "early-exit-edf"
-# admission = "deadline": the share of a request's budget the server's own predicted part (queue
-# wait, answer delay, shortest service) may take; the rest is the client's and the sockets'.
-ADMISSION_SHARE = 0.5
 # The scheduler plans each task to finish before its deadline by the answer's way back, but
 # always keeps at least this share of the budget (Server._enqueue).
 PLAN_FLOOR = 0.5
@@ -440,19 +437,6 @@ class Server:
         if len(queue) >= self._max_queue[m]:
             why = f"queue of {model!r} is full (max_queue {self._max_queue[m]})"
             return self._refuse(model, Status.REJECTED, now, why)
-        if self._admit_by_deadline and queue and self._offload is None:
-            # A task at the tail of a FIFO waits about as long as the head has; its answer then
-            # waits for the loop (answer_lag). The server keeps its own part within a share of
-            # the budget: the client's write, the kernel and the answer's way back need the rest.
-            # A queue shorter than a full batch admits: the task rides in the head's batch.
-            # (With upstreams, work the box cannot serve in time may go upstream instead.)
-            head_waited = now - float(queue.arrivals[0])
-            if (
-                head_waited + self._answer_lag + self._shallowest_s[m] > ADMISSION_SHARE * budget
-                and len(queue) >= self._full_batch[m]
-            ):
-                why = f"overloaded: {model!r} cannot answer within this request's deadline now"
-                return self._refuse(model, Status.REJECTED, now, why)
         assert self._loop is not None and self._idle is not None
         # The policy spends a task's slack on deeper exits up to its deadline, but the answer is
         # not back at the caller then: the loop has yet to pick up the batch (answer_lag) and to
@@ -467,6 +451,16 @@ class Server:
         if abs(lag - self._plan_lag) > PLAN_LAG_STEP_S:
             self._plan_lag = lag
         plan = max(total - margin_s - self._plan_lag, waited + PLAN_FLOOR * budget)
+        if self._admit_by_deadline and queue and self._offload is None:
+            # A task at the tail of a FIFO waits about as long as the head has, then its batch
+            # runs (at the shallowest exit at least): that must fit before its planned deadline,
+            # which already leaves the answer's way back (the loop's delays and the front's
+            # margin). A queue shorter than a full batch admits: the task rides in the head's
+            # batch. (With upstreams, work the box cannot serve in time may go upstream instead.)
+            head_waited = now - float(queue.arrivals[0])
+            if head_waited + self._shallowest_s[m] > plan - waited and len(queue) >= self._full_batch[m]:
+                why = f"overloaded: {model!r} cannot answer within this request's deadline now"
+                return self._refuse(model, Status.REJECTED, now, why)
         with self._lock:
             task = self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
         self.counters.queue_depth[model] = len(queue)
