@@ -314,6 +314,33 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
         assert srv.stats().flood_pauses >= 1
 
 
+def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_answer(
+    served, tmp_path: Path
+) -> None:
+    """Past its window a connection's frames are refused in one loop; a frame in the middle that
+    is no infer with a valid id leaves that loop: a second hello gets `invalid` with its id, and
+    an infer with no readable id closes the connection with an error, after every frame before
+    it got exactly one answer."""
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=1)
+    hello_again = encode_frame({"type": "hello", "version": 1, "id": 50})
+    no_id = encode_frame({"type": "infer", "id": "x", "model": "tiny_a"})
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        burst = [encode_frame(valid_request(k)) for k in range(40)]
+        after = encode_frame(valid_request(99))
+        sock.sendall(b"".join([*burst[:20], hello_again, *burst[20:], no_id, after]))
+        answers: dict[int, str] = {}
+        while (message := read_frame(sock)) is not None and message["type"] == "result":
+            assert message["id"] not in answers, "an id was answered twice"
+            answers[message["id"]] = message["status"]
+        assert message is not None and message["type"] == "error" and "id" in message["error"]
+    assert sorted(answers) == [*range(40), 50]  # not 99: nothing after the broken frame is read
+    assert answers[50] == "invalid"
+    assert set(answers.values()) == {"ok", "rejected", "invalid"}
+
+
 def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
