@@ -10,7 +10,8 @@ A closed loop (`--window` in flight per connection, `--capacity-seconds`) measur
 the client within it, timed from the client's write. Per level: offered/s as sent, in-deadline/s,
 rejected/s (`max_in_flight` or a full queue), expired/s, late/s (`ok` past the deadline), lost (no
 answer `--grace` s after the last send), P50/P95/P99 of `ok` answers, the server's own mean latency
-of `ok` answers, the executor's busy fraction and idle-gap P50/P99 (n/a without that histogram),
+of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, the executor's
+busy fraction, idle-gap and decision P50/P99 (n/a without those histograms),
 client and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
 fairness: one connection floods at 10x while another, from a second process, sends at 0.1x. Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
