@@ -165,12 +165,15 @@ class Conn(asyncio.Protocol):
         ids, st = np.array(self.ans_id, dtype=np.int64), np.array(self.ans_st, dtype=np.int64)
         lat = np.array(self.ans_t) - sent_at[ids] if len(ids) else np.zeros(0)
         ok = st == 0
-        good = int((ok & (lat <= deadlines_s[model[ids]])).sum()) if len(ids) else 0
+        in_time = ok & (lat <= deadlines_s[model[ids]]) if len(ids) else np.zeros(0, dtype=bool)
+        good = int(in_time.sum())
+        by_model = np.bincount(model[ids][in_time], minlength=len(deadlines_s)).tolist() if len(ids) else []
         counts = np.bincount(st, minlength=4).tolist()
         counts = dict(zip(("ok", "rejected", "expired", "other"), counts, strict=True))
         n = len(sent_at)
         return counts | {
             **{"sent": n, "unsent": self.unsent, "lost": n - len(ids), "in_deadline": good},
+            "in_deadline_by_model": by_model,
             **{"late": counts["ok"] - good, "ok_ms": (lat[ok] * 1e3).astype(np.float32)},
             **{"lag_mean_ms": 1e3 * self.lag_sum / max(n + self.unsent, 1), "lag_max_ms": 1e3 * self.lag_max},
         }
@@ -341,6 +344,8 @@ def row(name: str, result: dict[str, Any], capacity: float, target: float | None
     out |= {f"{k}_x": out[f"{k}_per_s"] / capacity for k in ("offered", *RATES)}
     out |= {"lost": total["lost"], "unsent": total["unsent"], "p50_ms": p50, "p95_ms": p95, "p99_ms": p99}
     out |= {k: max(c[k] for c in conns) for k in ("lag_mean_ms", "lag_max_ms")}
+    by_model = np.sum([c["in_deadline_by_model"] for c in conns if c["in_deadline_by_model"]], axis=0)
+    out["in_deadline_by_model_per_s"] = (by_model / seconds).tolist()
     return out | {k: v for k, v in result.items() if k not in ("conns", "max_in_flight")}
 
 

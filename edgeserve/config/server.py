@@ -127,6 +127,10 @@ class BackendConfig:
     # the loop's thread (backends whose sessions any thread may run: ONNX Runtime); the rest on
     # the executor thread. 0: never.
     inline_max_ms: float = 1.0
+    # ONNX Runtime: one session per exit, its stages composed into one graph (one call and one GIL
+    # hand-off per batch; a copy of the weights per exit), or only per stage (chained); None
+    # ("auto"): composed for models whose stage files total at most 64 MiB.
+    compose_exits: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -411,8 +415,13 @@ def _host_port(value: Any, key: str) -> tuple[str, int]:
 def _backend(data: Any) -> BackendConfig:
     data = table(data, "backend")
     no_unknown(
-        data, ("name", "threads", "providers", "warmup", "precision", "device", "inline_max_ms"), "backend"
+        data,
+        ("name", "threads", "providers", "warmup", "precision", "device", "inline_max_ms", "compose_exits"),
+        "backend",
     )
+    compose = data.get("compose_exits", "auto")
+    if compose != "auto" and not isinstance(compose, bool):
+        raise ConfigError(f'backend.compose_exits: must be "auto", true or false, got {compose!r}')
     threads = data.get("threads")
     providers = data.get("providers", [])
     if not isinstance(providers, (list, tuple)) or not all(isinstance(p, str) and p for p in providers):
@@ -425,6 +434,7 @@ def _backend(data: Any) -> BackendConfig:
         precision=choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
         device=None if data.get("device") is None else _device(data["device"]),
         inline_max_ms=non_negative_number(data.get("inline_max_ms", 1.0), "backend.inline_max_ms"),
+        compose_exits=None if compose == "auto" else compose,
     )
 
 

@@ -82,6 +82,7 @@ def default_backend(repository: ModelRepository, config: BackendConfig) -> Backe
         warmup=config.warmup,
         precision=config.precision,
         device=config.device,
+        compose_exits=config.compose_exits,
     )
 
 

@@ -139,6 +139,20 @@ def test_backend_inline_max_ms_defaults_to_one_and_takes_zero_but_not_negative()
         ServerConfig.from_dict({"models": models, "backend": {"inline_max_ms": -1}})
 
 
+def test_backend_compose_exits_is_auto_true_or_false() -> None:
+    models = {"m": {"slo_ms": 50}}
+
+    def compose(value: Any) -> bool | None:
+        return ServerConfig.from_dict(
+            {"models": models, "backend": {"compose_exits": value}}
+        ).backend.compose_exits
+
+    assert ServerConfig.from_dict({"models": models}).backend.compose_exits is None
+    assert (compose("auto"), compose(True), compose(False)) == (None, True, False)
+    with pytest.raises(ConfigError, match=r'backend\.compose_exits: must be "auto", true or false'):
+        compose("yes")
+
+
 def test_listen_reply_margin_ms_defaults_to_half_a_millisecond_and_takes_zero_but_not_negative() -> None:
     models = {"m": {"slo_ms": 50}}
     assert ServerConfig.from_dict({"models": models}).listen.reply_margin_ms == 0.5

@@ -1,6 +1,9 @@
-"""The ONNX Runtime backend: one session per stage graph, stages chained at run time.
+"""The ONNX Runtime backend: one session per stage graph, stages chained at run time, or composed.
 
-Per-stage sessions keep one copy of the weights for all exits (docs/architecture.md). Stages are chained
+Per-stage sessions keep one copy of the weights for all exits (docs/architecture.md). A model small
+enough (exit_graphs.COMPOSE_MAX_BYTES, `[backend] compose_exits`) also gets one session per exit
+whose graph is stages 0..k composed: a batch is then one ONNX Runtime call and one GIL hand-off
+instead of one per stage (exit_graphs.py). Stages are chained
 with IO binding: on CUDA/TensorRT the features between stages stay in device memory and only
 the logits come back to the host. On the CPU the same path costs 3-6 us per stage over plain
 `session.run` (Python wrapper overhead; 0.2-2% of a CIFAR-ResNet-sized stage, measured with
@@ -10,6 +13,7 @@ exercise the one the GPU runs.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +27,7 @@ from edgeserve.fingerprint import Fingerprint, cpu_name, jetson_power_state
 from edgeserve.manifest import Manifest, StageSpec, TensorSpec
 from edgeserve.onnx_graph import sample_batch
 from edgeserve.repository import ModelRepository
+from edgeserve.runtime.backends.exit_graphs import COMPOSE_MAX_BYTES, compose_exits, worth_composing
 from edgeserve.runtime.validation import Feeds, loaded_model, validate_exit, validate_feeds
 
 CPU = "CPUExecutionProvider"
@@ -50,6 +55,7 @@ _ORT_TYPES = {
     "bool": "tensor(bool)",
 }
 WARMUP_BATCHES = (1, 8)
+_log = logging.getLogger(__name__)
 
 
 def default_threads() -> int:
@@ -115,10 +121,24 @@ class StageSession:
     spec: StageSpec
 
 
+@dataclass(frozen=True)
+class ExitSession:
+    """An open composed graph (stages 0..k): the graph inputs it takes and the outputs it gives."""
+
+    session: ort.InferenceSession
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self.session.run(list(self.outputs), {name: feeds[name] for name in self.inputs})
+        return dict(zip(self.outputs, values, strict=True))
+
+
 @dataclass
 class _Loaded:
     manifest: Manifest
     stages: list[StageSession]
+    composed: dict[int, ExitSession]  # by exit stage; stages absent here run as a chain
 
 
 def run_chain(
@@ -224,7 +244,10 @@ class OnnxRuntimeBackend:
         providers: Sequence[str] | None = None,
         warmup: int = 3,
         device_id: int = 0,
+        compose: bool | None = None,
     ) -> None:
+        """`compose`: one session per exit (True), per stage only (False), or None: per exit for
+        models whose stages total at most exit_graphs.COMPOSE_MAX_BYTES."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.repository = repository
@@ -232,6 +255,7 @@ class OnnxRuntimeBackend:
         self.providers = resolve_providers(providers)
         self.warmup = warmup
         self.device_id = device_id
+        self.compose = compose
         self._device = "cuda" if self.providers[0] in _DEVICE_PROVIDERS else "cpu"
         self._models: dict[str, _Loaded] = {}
 
@@ -259,8 +283,44 @@ class OnnxRuntimeBackend:
                 ) from exc
             _check_session(session, spec, manifest, path, self.repository.root)
             stages.append(StageSession(session, spec))
-        self._models[manifest.name] = _Loaded(manifest, stages)
+        loaded = _Loaded(manifest, stages, {})
+        limit = None if self.compose else COMPOSE_MAX_BYTES
+        if self.compose is not False and worth_composing(manifest, limit):
+            loaded.composed = self._composed(manifest, stages, options)
+        self._models[manifest.name] = loaded
         self._warm_up(manifest)
+
+    def _composed(
+        self, manifest: Manifest, stages: list[StageSession], options: ort.SessionOptions
+    ) -> dict[int, ExitSession]:
+        """One session per multi-stage exit, each checked against the chain on a sample batch; {} (the
+        chain serves) with a warning when the model's stages cannot be composed or disagree."""
+        paths = [self.repository.stage_path(manifest, spec.index) for spec in manifest.stages]
+        try:
+            graphs = compose_exits(manifest, paths)
+            composed = {}
+            for stage, graph in graphs.items():
+                session = ort.InferenceSession(graph, options, providers=self._provider_list())
+                inputs = tuple(i.name for i in session.get_inputs())
+                outputs = tuple(t.name for t in manifest.stages[stage].exit_outputs)
+                composed[stage] = ExitSession(session, inputs, outputs)
+            feeds, _ = graph_feeds(
+                manifest, validate_feeds(manifest, sample_batch(manifest, manifest.max_batch or 2))
+            )
+            for stage, exit_session in composed.items():
+                _check_same(
+                    exit_session.run(feeds),
+                    run_chain(stages[: stage + 1], feeds, self._device, self.device_id),
+                )
+        except Exception as exc:  # ImportError (no onnx), ValueError, ORT's own errors
+            _log.warning(
+                "%s: serving each exit as a chain of stage sessions (composing them into one graph "
+                "per exit failed: %s)",
+                manifest.name,
+                exc,
+            )
+            return {}
+        return composed
 
     def _warm_up(self, manifest: Manifest) -> None:
         """First runs allocate arenas and pick kernels; do that before the first real request."""
@@ -284,6 +344,10 @@ class OnnxRuntimeBackend:
         """The open sessions of a loaded model, for tools that inspect or benchmark them."""
         return list(self._loaded(model).stages)
 
+    def composed_stages(self, model: str) -> tuple[int, ...]:
+        """The exit stages of a loaded model that run as one composed graph (the rest: chained)."""
+        return tuple(sorted(self._loaded(model).composed))
+
     def _loaded(self, model: str) -> _Loaded:
         return loaded_model(self._models, model)
 
@@ -300,7 +364,11 @@ class OnnxRuntimeBackend:
         exit = validate_exit(manifest, exit)
         feeds, size = graph_feeds(manifest, validate_feeds(manifest, batch))
         last = manifest.exits[exit].stage
-        outputs = run_chain(loaded.stages[: last + 1], feeds, self._device, self.device_id)
+        composed = loaded.composed.get(last)
+        if composed is not None:
+            outputs = composed.run(feeds)
+        else:
+            outputs = run_chain(loaded.stages[: last + 1], feeds, self._device, self.device_id)
         return batch_outputs(manifest.stages[last].outputs, outputs, size)
 
     # -- identity ----------------------------------------------------------------------------------
@@ -319,6 +387,18 @@ class OnnxRuntimeBackend:
     def close(self) -> None:
         """Drop the sessions; ONNX Runtime frees their memory when the last reference goes."""
         self._models.clear()
+
+
+def _check_same(composed: Mapping[str, np.ndarray], chained: Mapping[str, np.ndarray]) -> None:
+    for name, want in chained.items():
+        got = composed[name]
+        same = got.shape == want.shape and (
+            np.allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+            if np.issubdtype(want.dtype, np.floating)
+            else np.array_equal(got, want)
+        )
+        if not same:
+            raise ValueError(f"the composed graph's {name!r} differs from the chain's")
 
 
 def _check_session(

@@ -116,13 +116,15 @@ def create_backend(
     precision: str = "fp32",
     device: str | None = None,
     cuda_graphs: bool = True,
+    compose_exits: bool | None = None,
     report: Callable[[str], None] | None = None,
     choice: BackendChoice | None = None,
 ) -> Backend:
     """A backend over `repository`. With name "auto", each skipped backend is passed to `report`.
 
     `precision` picks the TensorRT engines; `device` ("cpu", "cuda", "cuda:1") the torch device;
-    `providers` the ONNX Runtime execution providers. `choice` overrides the probing (tests).
+    `providers` the ONNX Runtime execution providers, `compose_exits` whether ONNX Runtime runs an exit
+    as one composed graph (None: for small models). `choice` overrides the probing (tests).
     """
     choice = choice or choose_backend(name, providers)
     if report is not None:
@@ -143,4 +145,6 @@ def create_backend(
         )
     from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-    return OnnxRuntimeBackend(repository, threads=threads, providers=choice.providers, warmup=warmup)
+    return OnnxRuntimeBackend(
+        repository, threads=threads, providers=choice.providers, warmup=warmup, compose=compose_exits
+    )
