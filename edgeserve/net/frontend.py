@@ -723,9 +723,9 @@ class Connection(asyncio.Protocol):
     def _refuse_run(self, buffer: bytearray, pos: int, size: int, most: int | None) -> tuple[int, int]:
         """Refuse the complete frames from `pos` on, the window being full, up to `most` (None: all):
         `rejected` from the id, model and priority alone (the tensor is never checked), written
-        from a cached frame, in one loop with no call per frame but the decoder's. Under overload
-        most frames come this way, so this loop's cost per frame decides how much CPU is left to
-        serve. The window cannot open in between (nothing is answered here). Stops before the
+        from a cached frame, in one loop with no call per frame but the decoder's and the frame's.
+        Under overload most frames come this way, so this loop's cost per frame decides how much
+        CPU is left to serve. The window cannot open in between (nothing is answered here). Stops before the
         first frame it cannot refuse from its id (not an infer, no valid id, unreadable, over
         max_frame_bytes, incomplete): the general path reads that one.
         Returns the position after the refused frames and how many there were."""
@@ -733,7 +733,7 @@ class Connection(asyncio.Protocol):
         max_frame = frontend.listen.max_frame_bytes
         cached = frontend.window_refusals
         out = self._out
-        unpack_from, pack_length, header = HEADER.unpack_from, HEADER.pack, HEADER.size
+        unpack_from, header = HEADER.unpack_from, HEADER.size
         refused = 0
         while (most is None or refused < most) and size - pos >= header:
             (length,) = unpack_from(buffer, pos)
@@ -751,8 +751,7 @@ class Connection(asyncio.Protocol):
             model = model if type(model) is str and len(model) <= MAX_MODEL_NAME else ""
             priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
             refusal = cached.get((model, priority)) or frontend.window_refusal(model, priority)
-            rid = pack_id(request_id)
-            out.append(pack_length(refusal.size + len(rid)) + refusal.head + rid + refusal.tail)
+            out.append(refusal.frame(request_id))
             refused += 1
             pos = end
         if refused:

@@ -44,13 +44,13 @@ def compose_exits(manifest: Manifest, stage_paths: Sequence[Path]) -> dict[int, 
 
     protos = [onnx.load(str(path)) for path in stage_paths]
     return {
-        stage: _compose(onnx, manifest, protos, stage).SerializeToString()
+        stage: _compose(manifest, protos, stage).SerializeToString()
         for stage in sorted({e.stage for e in manifest.exits})
         if stage > 0
     }
 
 
-def _compose(onnx: Any, manifest: Manifest, protos: Sequence[Any], last: int) -> Any:
+def _compose(manifest: Manifest, protos: Sequence[Any], last: int) -> Any:
     from onnx import compose, helper
 
     nodes: list[Any] = []
