@@ -475,6 +475,7 @@ class Connection(asyncio.Protocol):
     def _read_frames(self, limit: int | None = FRAMES_PER_TURN) -> None:
         """Handle up to `limit` buffered frames (None: all); if more are complete, stop reading the
         socket and come back on the next loop turn, after the callbacks that are already due."""
+        self.frontend.server.run_completed()  # first: the answers free window for these frames
         self._reading = True
         try:
             self._read_some(limit)

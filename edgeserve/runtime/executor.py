@@ -11,11 +11,17 @@ to MB would otherwise stall arrivals.
 A short batch (`inline`) runs on the loop's own thread instead, in a callback of its own: for a
 tiny model the two hand-offs (a queue and a wake-up each way) cost more than the batch, and
 every Python step of a batch on the executor thread waits for the GIL the busy loop holds.
+
+A finished batch's callback waits in a completion queue. The loop runs it at the next
+`run_completed()` (the front door calls it before each read, so under a flood the answers go out
+and the connection windows they free are refilled from that very read) or in a callback of its
+own, whichever comes first: behind a loop turn of reads it would otherwise wait ~0.6 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -79,6 +85,12 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeserve-executor")
         self._make_backend = make_backend
         self._backend: Backend | None = None
+        # Finished batches' callbacks, appended by the executor thread, run on the loop's
+        # (deque appends and pops are atomic: no lock).
+        self._completed: collections.deque[tuple[Callable[[BatchRun], object], BatchRun]] = (
+            collections.deque()
+        )
+        self._completing = False  # inside run_completed (a callback's answers may read: no re-entry)
 
     @property
     def backend(self) -> Backend | None:
@@ -134,10 +146,27 @@ class Executor:
                 except Exception:  # the loop decides instead, when `done` reaches it
                     _log.exception("deciding the next batch on the executor thread failed")
                     job = None
+                self._completed.append((callback, run))
                 with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-                    loop.call_soon_threadsafe(callback, run)
+                    loop.call_soon_threadsafe(self.run_completed)
 
         self._pool.submit(_run)
+
+    def run_completed(self) -> None:
+        """On the loop: call the callbacks of the batches that have ended, in the order they ended."""
+        completed = self._completed
+        if self._completing:
+            return
+        self._completing = True
+        try:
+            while completed:
+                callback, run = completed.popleft()
+                try:
+                    callback(run)
+                except Exception:  # as the loop would for a callback of its own: log, go on
+                    _log.exception("the callback of a finished batch failed")
+        finally:
+            self._completing = False
 
     def _run_inline(
         self, model: str, exit: int, samples: Sequence[Sample], done: Callable[[BatchRun], object]

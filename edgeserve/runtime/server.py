@@ -375,6 +375,12 @@ class Server:
         )
         return future, task
 
+    def run_completed(self) -> None:
+        """Answer the batches that have ended now, not a loop turn later (executor.py): a front
+        door calls it before it reads, so the windows the answers free take the frames it reads."""
+        if self._executor is not None:
+            self._executor.run_completed()
+
     def enqueue(
         self,
         model: str,

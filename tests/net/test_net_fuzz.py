@@ -171,6 +171,9 @@ def test_decoder_survives_arbitrary_chunking_of_arbitrary_bytes(chunks: list[byt
     class _NoServer:
         models: tuple[str, ...] = ()
 
+        def run_completed(self) -> None:  # no batches: nothing ever completes
+            pass
+
     from edgeserve.config.server import ListenConfig
 
     async def feed() -> bytes:  # on a loop: answers leave at the end of each loop turn
