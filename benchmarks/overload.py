@@ -11,7 +11,8 @@ the client within it, timed from the client's write. Per level: offered/s as sen
 rejected/s (`max_in_flight` or a full queue), expired/s, late/s (`ok` past the deadline), lost (no
 answer `--grace` s after the last send), P50/P95/P99 of `ok` answers, the server's own mean latency
 of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, the executor's
-busy fraction, idle-gap and decision P50/P99 (n/a without those histograms),
+busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it waited for the GIL
+or a core), idle-gap and decision P50/P99 (n/a without those histograms),
 client and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
 fairness: one connection floods at 10x while another, from a second process, sends at 0.1x. Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
@@ -66,6 +67,7 @@ HISTOGRAMS = {  # buckets scraped for quantiles
 }
 SCRAPED = {  # summed over models
     "edgeserve_executor_busy_seconds_total": "busy",
+    "edgeserve_executor_busy_cpu_seconds_total": "busy_cpu",
     "process_cpu_seconds_total": "cpu",
     "edgeserve_request_duration_seconds_count": "ok_n",  # the server's arrival-to-answer, `ok` only
     "edgeserve_request_duration_seconds_sum": "ok_s",
@@ -308,6 +310,9 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         "client_cpu": sum(s[2] for s in sent) / seconds,
         "server_cpu": (after["cpu"] - before["cpu"]) / window,
         "busy": (after["busy"] - before["busy"]) / window,
+        # the executor thread's CPU time within its batches, per busy second: the rest it waited
+        # (for the GIL as the backend's run returned, or for a core)
+        "on_cpu": (after["busy_cpu"] - before["busy_cpu"]) / max(after["busy"] - before["busy"], 1e-9),
         "server_ok_ms": 1e3 * (after["ok_s"] - before["ok_s"]) / max(after["ok_n"] - before["ok_n"], 1),
         # what the executor did per batch: its mean size (ok answers per batch) and compute time
         "batch_mean": (after["ok_n"] - before["ok_n"]) / batches,
@@ -354,7 +359,7 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "x|in_deadline_x|>5.2f rej/s|rejected_per_s|>7.0f x|rejected_x|>5.2f exp/s|expired_per_s|>6.0f "
     "x|expired_x|>5.2f late/s|late_per_s|>6.0f x|late_x|>5.2f lost|lost|>5 p50ms|p50_ms|>6.2f "
     "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f batch|batch_mean|>5.1f "
-    "batchus|batch_us|>7.0f busy|busy|>5.2f gap50us|gap_p50_us|>7.0f "
+    "batchus|batch_us|>7.0f busy|busy|>5.2f oncpu|on_cpu|>5.2f gap50us|gap_p50_us|>7.0f "
     "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]

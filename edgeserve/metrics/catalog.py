@@ -187,6 +187,13 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         "edgeserve_executor_busy_seconds_total", "counter", "Time the executor spent running batches"
     )
     busy.add(float(snapshot.get("executor_busy_s", 0.0)))
+    busy_cpu = Family(
+        "edgeserve_executor_busy_cpu_seconds_total",
+        "counter",
+        "CPU time of the thread running the batches, within the busy seconds: the rest it did not"
+        " run (waiting for the GIL or a core; on a GPU also while the device computes)",
+    )
+    busy_cpu.add(float(snapshot.get("executor_busy_cpu_s", 0.0)))
     window = snapshot.get("utilisation_window_s", 10.0)
     utilisation = Family(
         "edgeserve_executor_utilization",
@@ -209,6 +216,7 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         exits,
         served,
         busy,
+        busy_cpu,
         utilisation,
         failures,
         *_latency_cells(snapshot.get("latency_cells", ())),

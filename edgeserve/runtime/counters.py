@@ -178,6 +178,7 @@ class Counters:
     served: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, "local" or upstream name)
     decision: Timing = field(default_factory=lambda: Timing(histogram=Histogram(DECISION_BUCKETS_S)))
     busy_s: float = 0.0
+    busy_cpu_s: float = 0.0  # CPU time of the thread running the batches, within busy_s
     policy_failures: int = 0  # decisions the configured policy failed to make (the fallback made them)
     started: float = field(default_factory=time.monotonic)
     # Histograms per served model (keys come from the config's models only, so they stay bounded).
@@ -239,6 +240,7 @@ class Counters:
             "served": served,
             "decision": self.decision.snapshot(),
             "executor_busy_s": self.busy_s,
+            "executor_busy_cpu_s": self.busy_cpu_s,
             "wall_s": wall,
             "utilisation": self.busy_s / wall if wall > 0 else 0.0,
             "utilisation_recent": self.busy_window.utilisation(now),

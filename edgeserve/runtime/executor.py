@@ -66,16 +66,19 @@ class BatchRun:
     error: BaseException | None
     start: float  # time.monotonic()
     end: float
+    # CPU time of the running thread from start to end: the rest of end - start it waited (for
+    # the GIL on the return from the backend's run, or for a core), as the busy loop made it.
+    cpu_s: float = math.nan
 
 
 def run_batch(backend: Backend, model: str, exit: int, samples: Sequence[Sample]) -> BatchRun:
     """Stack and run one batch; a backend exception comes back in BatchRun.error."""
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.thread_time()
     try:
         outputs = backend.run_outputs(model, exit, stack(samples))
-        return BatchRun(outputs, None, start, time.monotonic())
+        return BatchRun(outputs, None, start, time.monotonic(), time.thread_time() - cpu)
     except Exception as exc:  # answered as `error` results; the server keeps serving
-        return BatchRun(None, exc, start, time.monotonic())
+        return BatchRun(None, exc, start, time.monotonic(), time.thread_time() - cpu)
 
 
 class Executor:

@@ -825,6 +825,7 @@ class Server:
             self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
+            self.counters.busy_cpu_s += run.cpu_s
             self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))
         self.counters.batches[name] += 1
         if self._calibration is not None and run.error is None and not math.isnan(run.start):

@@ -137,6 +137,9 @@ def test_scrapes_during_load_move_monotonically_and_end_equal_to_the_answers(ser
     assert total(final, "edgeserve_compute_duration_seconds_count") == batches > 0
     assert value(final, "edgeserve_scheduler_decision_seconds_count") >= batches
     assert 0 < value(final, "edgeserve_executor_busy_seconds") < 60
+    # the thread's CPU time within its batches: positive, and never more than their wall time
+    busy_cpu = value(final, "edgeserve_executor_busy_cpu_seconds")
+    assert 0 < busy_cpu <= value(final, "edgeserve_executor_busy_seconds") + 0.01
     assert 0 < value(final, "edgeserve_executor_utilization") <= 1
     assert value(final, "edgeserve_frontend_requests", frontend="socket") == len(replies)
     assert value(final, "edgeserve_frontend_connections", frontend="socket") == CONNECTIONS
