@@ -320,13 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="gpu,cpu", help="gpu, cpu (all measured), cpu-NAME")
     parser.add_argument("--workload", action="append", help="only these workloads (repeatable)")
     parser.add_argument("--loads", default=",".join(map(str, LOADS)))
-    parser.add_argument("--policy", action="append", help="policies (default: every shipped one)")
+    parser.add_argument(
+        "--policy", action="append", choices=POLICIES, help="policies (default: every shipped one)"
+    )
     parser.add_argument("--quick", action="store_true", help=f"workloads {', '.join(QUICK)}; GPU; 1 seed")
     parser.add_argument("--json", type=Path, help="write the per-seed rows here")
     parser.add_argument("--plot", type=Path, help="heat map of the default's regret")
     parser.add_argument(
         "--default",
         default=DEFAULT_POLICY,
+        choices=POLICIES,
         help=f"the policy judged against the others (default: {DEFAULT_POLICY}); e.g. an earlier default",
     )
     parser.add_argument(
@@ -340,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     default = args.default
     which = ["gpu"] if args.quick else args.profiles.split(",")
     names = set(args.workload or (QUICK if args.quick else [w.name for w in WORKLOADS]))
+    if unknown := names - {w.name for w in WORKLOADS}:
+        choices = ", ".join(w.name for w in WORKLOADS)
+        parser.error(f"unknown workload {', '.join(sorted(unknown))}; choose from {choices}")
     workloads = [w for w in WORKLOADS if w.name in names]
     policies = tuple(args.policy or POLICIES)
     if default not in policies and not args.rows_from:
@@ -347,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = 1 if args.quick else args.seeds
     loads = [float(x) for x in args.loads.split(",")]
     profiles = load_profiles(which)
+    known = ["gpu", "cpu", *(f"cpu-{d.name}" for d in sorted(CPU_DIR.glob("*/")))]
+    if unknown := [w for w in which if w not in known]:
+        parser.error(f"unknown profile {', '.join(unknown)}; choose from {', '.join(known)}")
     jobs = [
         Job(p, w, lo, s, policies, args.duration)
         for p in range(len(profiles))
