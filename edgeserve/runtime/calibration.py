@@ -19,7 +19,10 @@ Pure: no I/O, no clock of its own (callers pass `now`), no threads. Per (model, 
 - publishing: at most once per MIN_INTERVAL_S, and only when a cell moved by more than MIN_CHANGE,
   the LatencyModel is updated in place (LatencyModel.set_seconds): the next decision uses it.
 
-Drift start and end come back as messages for the caller to log.
+Drift start and end come back as messages for the caller to log. A model whose speed sits near
+the band's edge can start and end a drift every second; after an end, its next message waits
+LOG_QUIET_S and then says how many starts and ends went unlogged, so a service that runs for
+months does not fill its journal (the scheduler still follows every change at once).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ START = 1.2
 END = 1.1
 MIN_INTERVAL_S = 0.5
 MIN_CHANGE = 0.03
+LOG_QUIET_S = 60.0
 
 
 def _estimate(ratios: deque[float]) -> float:
@@ -60,6 +64,9 @@ class _ModelState:
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=MODEL_WINDOW))
     drifting: bool = False
     scale: float = 1.0
+    logged_drifting: bool = False  # what the last drift message said
+    changes: int = 0  # drift starts and ends since that message
+    log_after: float = -float("inf")  # after an end: no message before this (flapping)
 
 
 class LatencyCalibrator:
@@ -90,30 +97,38 @@ class LatencyCalibrator:
         ring.append(ratio)
         state.ratios.append(ratio)
         state.last[(pos, batch)] = seconds
-        messages = self._update_drift(model, state)
+        messages = self._update_drift(model, state, now)
         self._dirty = True
         if now - self._published_at >= self.min_interval_s:
             self.publish(now)
         return messages
 
-    def _update_drift(self, model: int, state: _ModelState) -> list[str]:
+    def _update_drift(self, model: int, state: _ModelState, now: float) -> list[str]:
         if len(state.ratios) < MODEL_MIN:
             return []
         state.scale = _estimate(state.ratios)
-        name = self.latency.models[model].name
         if not state.drifting and not 1.0 / START <= state.scale <= START:
-            state.drifting = True
-            return [
+            state.drifting, state.changes = True, state.changes + 1
+        elif state.drifting and 1.0 / END <= state.scale <= END:
+            state.drifting, state.changes = False, state.changes + 1
+        if state.drifting == state.logged_drifting or now < state.log_after:
+            return []
+        name = self.latency.models[model].name
+        if state.drifting:
+            line = (
                 f"latency drift started: {name} runs at {state.scale:.2f}x its profile "
                 f"(median of its last {len(state.ratios)} batches); scheduling with the measured latency"
-            ]
-        if state.drifting and 1.0 / END <= state.scale <= END:
-            state.drifting = False
-            return [
+            )
+        else:
+            line = (
                 f"latency drift ended: {name} is back within {END - 1:.0%} of its profile "
                 f"({state.scale:.2f}x)"
-            ]
-        return []
+            )
+            state.log_after = now + LOG_QUIET_S
+        if state.changes > 1:
+            line += f"; {state.changes - 1} more drift starts and ends since the last message, not logged"
+        state.logged_drifting, state.changes = state.drifting, 0
+        return [line]
 
     def table(self, model: int) -> np.ndarray:
         """The [exit_pos, batch-1] seconds the scheduler should use for `model` now."""

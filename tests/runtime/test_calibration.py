@@ -60,6 +60,29 @@ def test_a_slowdown_is_seen_logged_and_used_by_the_policy_without_rebuilding_it(
     assert latency.models[2].latency(3, 5) == pytest.approx(base_final)
 
 
+def test_a_model_that_flaps_at_the_bands_edge_is_followed_at_once_but_logged_once_a_minute(
+    latency: LatencyModel,
+) -> None:
+    c = LatencyCalibrator(latency)
+    lines = _feed(c, 1, 3, 5, 1.5, 30) + _feed(c, 1, 3, 5, 1.0, 30, t0=3.0)
+    assert [line.split(":")[0] for line in lines] == ["latency drift started", "latency drift ended"]
+    flaps = []
+    for k in range(5):  # 5 more starts and ends within the next 30 s: the scheduler follows each
+        t = 6.0 + 6 * k
+        flaps += _feed(c, 1, 3, 5, 1.5, 30, t0=t)
+        assert c.drifting(1)
+        flaps += _feed(c, 1, 3, 5, 1.0, 30, t0=t + 3.0)
+        assert not c.drifting(1)
+    assert flaps == []
+    # A minute after the last message, the next change is logged with the count of the unlogged ones.
+    lines = _feed(c, 1, 3, 5, 1.5, 30, t0=3.0 + 2.9 + cal.LOG_QUIET_S)
+    assert len(lines) == 1 and lines[0].startswith("latency drift started: ResNet101")
+    assert "10 more drift starts and ends since the last message, not logged" in lines[0]
+    # Its end, as ever, is logged at once.
+    lines = _feed(c, 1, 3, 5, 1.0, 30, t0=70.0)
+    assert len(lines) == 1 and lines[0].startswith("latency drift ended: ResNet101")
+
+
 def test_outliers_are_clipped_and_cannot_start_a_drift(latency: LatencyModel) -> None:
     c = LatencyCalibrator(latency)
     typical = float(latency.models[1].typical[2, 0])
