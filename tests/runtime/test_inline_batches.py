@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,47 @@ def test_an_inline_batch_submitted_before_close_comes_back_as_an_error(served) -
 
     batch = run(main())
     assert batch.outputs is None and isinstance(batch.error, RuntimeError) and "closed" in str(batch.error)
+
+
+def test_finished_batches_are_answered_by_run_completed_without_a_loop_turn(served) -> None:
+    """The front door calls run_completed before it reads: batches that ended while the loop was
+    busy are answered there and then, in the order they ended, each exactly once."""
+    root, models = served
+    xs = models["tiny_a"].random_input(6, seed=9)
+
+    async def main() -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:
+        repository = ModelRepository(root)
+        executor = Executor(lambda: OnnxRuntimeBackend(repository, threads=1, warmup=0))
+        await executor.open()
+        await executor.load(repository.load_manifest("tiny_a"))
+        answered: list[tuple[str, bool]] = []
+        ended = threading.Event()
+        follows = iter(
+            [
+                ("tiny_a", 1, list(xs[2:4]), lambda r: answered.append(("second", r.error is None))),
+                ("tiny_a", 0, list(xs[4:]), lambda r: answered.append(("third", r.error is None))),
+            ]
+        )
+
+        def follow():
+            job = next(follows, None)
+            if job is None:
+                ended.set()
+            return job
+
+        executor.submit(
+            "tiny_a", 2, list(xs[:2]), lambda r: answered.append(("first", r.error is None)), follow
+        )
+        assert ended.wait(30)  # the loop is blocked here: no callback of its own can run
+        deadline = time.monotonic() + 10  # the last callback is queued just after follow() returns
+        while len(answered) < 3 and time.monotonic() < deadline:
+            executor.run_completed()  # on the loop's thread, which never yields here
+            time.sleep(0.001)
+        in_place = list(answered)
+        await asyncio.sleep(0.05)  # the wake-ups find nothing left to answer
+        await executor.close()
+        return in_place, answered
+
+    in_place, answered = run(main())
+    assert in_place == [("first", True), ("second", True), ("third", True)]  # each ran without error
+    assert answered == in_place
