@@ -377,9 +377,12 @@ class Server:
 
     def run_completed(self) -> None:
         """Answer the batches that have ended now, not a loop turn later (executor.py): a front
-        door calls it before it reads, so the windows the answers free take the frames it reads."""
-        if self._executor is not None:
-            self._executor.run_completed()
+        door calls it before it reads, so the windows the answers free take the frames it reads.
+        First, if the running batch is due to end, step aside for the executor thread."""
+        executor = self._executor
+        if executor is not None:
+            executor.step_aside(self._busy_until)
+            executor.run_completed()
 
     def enqueue(
         self,

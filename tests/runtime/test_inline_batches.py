@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_support import HookedFactory, config_dict, profiled_tiny_repository
+from runtime_support import HookedBackend, HookedFactory, config_dict, profiled_tiny_repository
 from tiny_onnx import TinyModel
 
 from edgeserve.loop import run
@@ -154,3 +154,54 @@ def test_finished_batches_are_answered_by_run_completed_without_a_loop_turn(serv
     in_place, answered = run(main())
     assert in_place == [("first", True), ("second", True), ("third", True)]  # each ran without error
     assert answered == in_place
+
+
+def test_the_loop_steps_aside_once_per_batch_until_the_executor_starts_the_next(served, monkeypatch) -> None:
+    """step_aside (the front door's, before each read) blocks the loop only when the running batch
+    is due to end, once per batch, and only until the executor thread has started the next one."""
+    import edgeserve.runtime.executor as executor_module
+
+    root, models = served
+    xs = models["tiny_a"].random_input(3, seed=10)
+
+    async def main() -> dict[str, float]:
+        repository = ModelRepository(root)
+        backend = HookedBackend(OnnxRuntimeBackend(repository, threads=1, warmup=0), delay_s=0.2)
+        executor = Executor(lambda: backend)
+        await executor.open()
+        await executor.load(repository.load_manifest("tiny_a"))
+        seen: dict[str, float] = {}
+
+        def timed(key: str, ends_at_from_now: float) -> None:
+            t = time.monotonic()
+            executor.step_aside(t + ends_at_from_now)
+            seen[key] = time.monotonic() - t
+            seen[key + "_ended"] = len(backend.spans)
+
+        timed("idle", 0.0)  # nothing running: nothing to step aside for
+        follows = iter([("tiny_a", 0, [xs[1]], lambda r: None)])
+        executor.submit("tiny_a", 0, [xs[0]], lambda r: None, lambda: next(follows, None))
+        assert backend.entered.wait(10)
+        timed("not_due", 10.0)  # the first batch is not due: returns at once, still due later
+        monkeypatch.setattr(executor_module, "STEP_ASIDE_LATE_S", 10.0)
+        timed("due", 0.0)  # waits out the first batch, until the second starts
+        timed("second", 0.0)  # the second batch, its own step: until the executor goes idle
+
+        backend.entered.clear()
+        done = asyncio.get_running_loop().create_future()
+        executor.submit("tiny_a", 0, [xs[2]], done.set_result)
+        assert backend.entered.wait(10)
+        monkeypatch.setattr(executor_module, "STEP_ASIDE_LATE_S", 0.001)
+        timed("short", 0.0)  # bounded: gives up 1 ms past the predicted end
+        monkeypatch.setattr(executor_module, "STEP_ASIDE_LATE_S", 10.0)
+        timed("again", 0.0)  # the same batch: once per batch, so at once
+        await done
+        await executor.close()
+        return seen
+
+    seen = run(main())
+    assert seen["idle"] < 0.1 and seen["not_due"] < 0.1 and seen["not_due_ended"] == 0
+    assert seen["due_ended"] == 1 and seen["due"] < 5  # returned after the first batch ended
+    assert seen["second_ended"] == 2 and seen["second"] < 5
+    assert seen["short"] < 0.15 and seen["short_ended"] == 2  # the third batch (0.2 s) still runs
+    assert seen["again"] < 0.1 and seen["again_ended"] == 2
