@@ -185,7 +185,7 @@ class Executor:
         if not self._threaded or seq == self._stepped_aside_for:
             return
         now = time.monotonic()
-        if now < ends_at - STEP_ASIDE_AHEAD_S:
+        if not now >= ends_at - STEP_ASIDE_AHEAD_S:  # not due, or no prediction (NaN)
             return
         self._stepped_aside_for = seq
         started = self._started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import threading
 import time
 from pathlib import Path
@@ -183,6 +184,7 @@ def test_the_loop_steps_aside_once_per_batch_until_the_executor_starts_the_next(
         executor.submit("tiny_a", 0, [xs[0]], lambda r: None, lambda: next(follows, None))
         assert backend.entered.wait(10)
         timed("not_due", 10.0)  # the first batch is not due: returns at once, still due later
+        timed("no_prediction", math.nan)  # a policy that predicts nothing: never stepped aside for
         monkeypatch.setattr(executor_module, "STEP_ASIDE_LATE_S", 10.0)
         timed("due", 0.0)  # waits out the first batch, until the second starts
         timed("second", 0.0)  # the second batch, its own step: until the executor goes idle
@@ -201,6 +203,7 @@ def test_the_loop_steps_aside_once_per_batch_until_the_executor_starts_the_next(
 
     seen = run(main())
     assert seen["idle"] < 0.1 and seen["not_due"] < 0.1 and seen["not_due_ended"] == 0
+    assert seen["no_prediction"] < 0.1 and seen["no_prediction_ended"] == 0
     assert seen["due_ended"] == 1 and seen["due"] < 5  # returned after the first batch ended
     assert seen["second_ended"] == 2 and seen["second"] < 5
     assert seen["short"] < 0.15 and seen["short_ended"] == 2  # the third batch (0.2 s) still runs
