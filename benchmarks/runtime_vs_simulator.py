@@ -255,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         tables = [repository.load_profile(m, fingerprint) for m in manifests]
     except EdgeServeError as exc:
         print(f"runtime_vs_simulator: {exc}", file=sys.stderr)
+        print(
+            f"runtime_vs_simulator: this benchmark's models come from `edgeserve export --model resnet50"
+            f" --model resnet101 --model resnet152 --width 0.25 --repository {args.repository}`, then"
+            f" `edgeserve-profile --threads 1 --repeats 50 --repository {args.repository}`",
+            file=sys.stderr,
+        )
         return 1
     accuracy = paper_accuracy({m.name: m.exit_names for m in manifests})
     rng = np.random.default_rng(args.seed)
