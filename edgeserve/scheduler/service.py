@@ -3,6 +3,12 @@
 The scheduler predicts with one quantile (p95) of each cell; the simulated accelerator takes a
 random recorded sample of the same cell, so predictions are wrong the way they are on a device.
 `mode="quantile"` replays the prediction exactly instead (for hand-checked tests).
+
+Which sample is a quantile position u in [0, 1) that the caller draws (the simulator: one per
+task, used by the batch the task heads), mapped through the cell's sorted samples. With u drawn
+uniformly every cell keeps its recorded distribution; with u tied to the task, two policies that
+serve the same task first in a batch see the same luck: common random numbers, so that comparing
+two policies on one trace measures their decisions, not which of them drew the slow batches.
 """
 
 from __future__ import annotations
@@ -26,14 +32,12 @@ class ServiceTimes:
             cells = {}
             for (exit_id, batch), cell in table.cells.items():
                 if mode == "samples":
-                    cells[(exit_id, batch)] = np.asarray(cell.samples_ms, dtype=np.float64) / 1000.0
+                    cells[(exit_id, batch)] = np.sort(np.asarray(cell.samples_ms, dtype=np.float64)) / 1000.0
                 else:
                     cells[(exit_id, batch)] = np.array([cell.stats.get(quantile) / 1000.0])
             self._cells.append(cells)
 
-    def draw(self, model: int, exit_id: int, batch: int, rng: np.random.Generator) -> float:
-        """Seconds the batch occupies the accelerator."""
+    def draw(self, model: int, exit_id: int, batch: int, u: float) -> float:
+        """Seconds the batch occupies the accelerator: the cell's sample at quantile position u."""
         samples = self._cells[model][(exit_id, batch)]
-        if samples.size == 1:
-            return float(samples[0])
-        return float(samples[rng.integers(samples.size)])
+        return float(samples[min(int(u * samples.size), samples.size - 1)])

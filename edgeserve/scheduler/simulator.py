@@ -2,7 +2,8 @@
 
 Events are arrivals, batch completions and policy wake-ups. Whenever the accelerator is idle
 and something happened, the policy decides: drops are applied, then a dispatch occupies the
-accelerator for a service time drawn from the profile (ServiceTimes), or a Wait sets a wake-up.
+accelerator for a service time drawn from the profile (ServiceTimes, at the quantile position of
+the batch's first task: common random numbers across policies), or a Wait sets a wake-up.
 Arrivals stop at the trace's duration and the queues are then drained, so every task ends
 exactly once: finished or dropped. Same trace, policy and seed: identical log.
 """
@@ -57,7 +58,7 @@ def simulate(
     """Run `trace` through `policy`; task k of model m has deadline budget budgets_s[m]."""
     n = len(trace)
     n_models = len(budgets_s)
-    rng = np.random.default_rng([seed, 7919])
+    luck = np.random.default_rng([seed, 7919]).random(n).tolist()  # per task: ServiceTimes.draw
     queues = [TaskQueue() for _ in range(n_models)]
     times = trace.times.tolist()
     models = trace.models.tolist()
@@ -105,7 +106,8 @@ def simulate(
             if not 1 <= decision.batch <= len(queue):
                 raise PolicyError(f"{policy.name}: batch of {decision.batch} from a queue of {len(queue)}")
             running = queue.pop(decision.batch)
-            busy_until = now + service.draw(decision.model, decision.exit, decision.batch, rng)
+            u = luck[int(running[0])]
+            busy_until = now + service.draw(decision.model, decision.exit, decision.batch, u)
             start[running] = now
             finish[running] = busy_until
             exit_used[running] = decision.exit

@@ -140,3 +140,33 @@ def test_metrics_per_model_and_accuracy_follow_the_exits_used() -> None:
     assert 0.0729 < overall.mean_accuracy < 0.0764
     assert overall.violation_ratio == 0.0 and overall.p95_ms < 5.0
     assert overall.throughput_rps == pytest.approx(len(trace) / 2.0, rel=0.15)
+
+
+def test_a_task_draws_the_same_quantile_of_its_cell_whatever_the_policy() -> None:
+    # Common random numbers: the service time of a batch is its cell's sample at the quantile
+    # position of the batch's first task. Sparse arrivals (every task runs alone), two policies
+    # that serve every task at different exits: each task's rank within its cell is the same.
+    tables = paper_gpu_profiles(samples=50, cv=0.5)  # wide: no two samples round to the same value
+    latency = LatencyModel.from_profiles(tables)
+    trace = poisson([5.0, 5.0, 5.0], duration_s=4.0, seed=2)
+    ranks = []
+    for policy in ("all-early", "all-final"):
+        log = simulate(make_policy(policy, latency), trace, ServiceTimes(tables), [0.5] * 3, seed=4)
+        assert np.all(log.batch == 1)
+        rank = []
+        for task in range(len(trace)):
+            cell = tables[int(log.model[task])].cells[(int(log.exit[task]), 1)]
+            took_ms = (log.finish - log.start)[task] * 1000.0
+            rank.append(int(np.argmin(np.abs(np.sort(cell.samples_ms) - took_ms))))
+        ranks.append(rank)
+    assert len(set(ranks[0])) > 20  # the draws do vary
+    assert ranks[0] == ranks[1]
+
+
+def test_quantile_positions_spread_over_a_cells_samples_keep_its_distribution() -> None:
+    table = _one_model_profile([10.0])
+    table.add(ProfileCell.from_samples(0, 1, [3.0, 1.0, 4.0, 1.5, 9.0]))  # replaces the 10 ms cell
+    service = ServiceTimes([table])
+    drawn = [service.draw(0, 0, 1, u) for u in np.arange(0.0, 1.0, 0.1)]  # uniform positions
+    assert sorted(drawn) == [s / 1000.0 for s in [1.0, 1.0, 1.5, 1.5, 3.0, 3.0, 4.0, 4.0, 9.0, 9.0]]
+    assert service.draw(0, 0, 1, 0.0) == 0.001 and service.draw(0, 0, 1, 0.999999) == 0.009
