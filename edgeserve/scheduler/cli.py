@@ -7,6 +7,7 @@ no matplotlib).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -149,6 +150,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="service times: profile samples (realistic) or the predicted quantile",
     )
     run.add_argument(
+        "--dispatch-overhead-us",
+        type=_microseconds,
+        default=0.0,
+        help="the accelerator stands idle this long before each batch: a runtime's wake-up, "
+        "decision and hand-off (default 0; benchmarks/runtime_vs_simulator.py prints the server's, "
+        "about 60-150 us on a 2-core CPU)",
+    )
+    run.add_argument(
         "--out", type=Path, default=Path("out/simulate"), help="output folder (default out/simulate)"
     )
     run.add_argument("--no-plots", action="store_true", help="write the CSV only")
@@ -161,6 +170,16 @@ def _floats(text: str) -> tuple[float, ...]:
         return tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _microseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of microseconds, got {text!r}") from None
+    if not 0.0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -240,6 +259,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         urgency=Urgency(args.urgency, args.clip),
         service_mode=args.service,
+        dispatch_overhead_s=args.dispatch_overhead_us / 1e6,
         burst_peak=args.burst_peak,
         burst_on_s=args.burst_on_s,
     )

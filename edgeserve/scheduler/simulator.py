@@ -54,8 +54,15 @@ def simulate(
     service: ServiceTimes,
     budgets_s: Sequence[float],
     seed: int = 0,
+    dispatch_overhead_s: float = 0.0,
 ) -> TaskLog:
-    """Run `trace` through `policy`; task k of model m has deadline budget budgets_s[m]."""
+    """Run `trace` through `policy`; task k of model m has deadline budget budgets_s[m].
+
+    `dispatch_overhead_s`: the accelerator stands idle that long before each batch starts (a
+    runtime's decision, hand-off and wake-up; 0 for an ideal one).
+    """
+    if not 0.0 <= dispatch_overhead_s < math.inf:
+        raise ValueError(f"dispatch_overhead_s must be finite and >= 0, got {dispatch_overhead_s}")
     n = len(trace)
     n_models = len(budgets_s)
     luck = np.random.default_rng([seed, 7919]).random(n).tolist()  # per task: ServiceTimes.draw
@@ -107,8 +114,9 @@ def simulate(
                 raise PolicyError(f"{policy.name}: batch of {decision.batch} from a queue of {len(queue)}")
             running = queue.pop(decision.batch)
             u = luck[int(running[0])]
-            busy_until = now + service.draw(decision.model, decision.exit, decision.batch, u)
-            start[running] = now
+            begin = now + dispatch_overhead_s
+            busy_until = begin + service.draw(decision.model, decision.exit, decision.batch, u)
+            start[running] = begin
             finish[running] = busy_until
             exit_used[running] = decision.exit
             batch_size[running] = decision.batch

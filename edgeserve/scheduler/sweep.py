@@ -77,6 +77,7 @@ class SweepSpec:
     max_batch: int = 10
     urgency: Urgency = field(default_factory=Urgency)
     service_mode: str = "samples"
+    dispatch_overhead_s: float = 0.0  # simulator.simulate's
     burst_peak: float = 3.0
     burst_on_s: float = 0.2
 
@@ -145,7 +146,8 @@ def run_sweep(
         trace = _trace(spec, traffic, mix, rates, seed)
         policy = make_policy(policy_name, latency, PolicyOptions(urgency=spec.urgency))
         service = ServiceTimes(ordered, spec.service_mode, spec.quantile)
-        log = simulate(policy, trace, service, [slo_ms / 1000.0] * len(ordered), seed)
+        budgets = [slo_ms / 1000.0] * len(ordered)
+        log = simulate(policy, trace, service, budgets, seed, spec.dispatch_overhead_s)
         instance_accuracy = None
         if accuracy is not None:
             instance_accuracy = AccuracyTable(

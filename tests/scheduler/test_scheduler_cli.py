@@ -175,6 +175,20 @@ def test_no_source_or_unknown_policy_fails_with_what_to_do(
     assert "no profile for 'VGG16'" in capsys.readouterr().err
 
 
+def test_a_dispatch_overhead_adds_to_every_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p50 = []
+    for us in ("0", "2000"):
+        out = tmp_path / us
+        args = ["simulate", "--paper-gpu", "--policy", "all-final", "--loads", "20", "--no-plots",
+                "--dispatch-overhead-us", us, "--out", str(out), *FAST]  # fmt: skip
+        assert main(args) == 0
+        p50.append(next(float(r["p50_ms"]) for r in _rows(out) if r["scope"] == "all"))
+    assert p50[1] >= p50[0] + 2.0  # at light load nearly every task meets an idle accelerator
+    with pytest.raises(SystemExit):
+        main(["simulate", "--paper-gpu", "--dispatch-overhead-us", "-5", "--out", str(tmp_path)])
+    assert "must be a finite number >= 0" in capsys.readouterr().err
+
+
 def test_list_policies_names_the_paper_labels(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--list-policies"]) == 0
     out = capsys.readouterr().out

@@ -58,6 +58,20 @@ def test_hand_checked_timeline_with_deterministic_service_times(tmp_path: Path) 
     assert overall.exit_mix == {"final": 1.0}
 
 
+def test_a_dispatch_overhead_delays_every_batch_and_keeps_the_accelerator_busy(tmp_path: Path) -> None:
+    # As above with 1 ms of dispatch overhead: task 0 starts at 1 ms, ends at 11 ms; tasks 1 and 2
+    # are decided on at 11 ms, start at 12 ms and end at 27 ms (latencies 26 and 25 ms).
+    table = _one_model_profile([10.0, 15.0])
+    latency = LatencyModel.from_profiles([table])
+    trace = replay(_replay_file(tmp_path, [(0.0, "tiny"), (0.001, "tiny"), (0.002, "tiny")]), ["tiny"], 1.0)
+    service = ServiceTimes([table], "quantile")
+    log = simulate(make_policy("all-final", latency), trace, service, [0.020], dispatch_overhead_s=0.001)
+    assert np.allclose(log.start, [0.001, 0.012, 0.012])
+    assert np.allclose(log.latency * 1000, [11.0, 26.0, 25.0])
+    with pytest.raises(ValueError, match="dispatch_overhead_s"):
+        simulate(make_policy("all-final", latency), trace, service, [0.020], dispatch_overhead_s=-1e-3)
+
+
 def test_warmup_tasks_are_excluded_from_metrics(tmp_path: Path) -> None:
     table = _one_model_profile([10.0, 15.0])
     latency = LatencyModel.from_profiles([table])
