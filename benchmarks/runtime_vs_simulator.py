@@ -128,20 +128,29 @@ def runtime_row(load: float, results: list[Result], accuracy: AccuracyTable, sna
     )
 
 
-def measured_profiles(
-    results: list[Result], tables: list[ProfileTable]
-) -> tuple[list[ProfileTable], list[float]]:
+Batches = dict[tuple[int, float, float], tuple[int, int, float]]
+
+
+def ran_batches(results: list[Result]) -> Batches:
+    """The batches the runtime ran, by (model index, start, end): exit index, batch size and the
+    arrival of its earliest task (a batch's tasks share its start and end)."""
+    batches: Batches = {}
+    for r in results:
+        if r.status is Status.OK and r.exit_index is not None and r.batch_size:
+            key = (MODELS.index(r.model), r.start, r.end)
+            ready = batches[key][2] if key in batches else r.queued
+            batches[key] = (r.exit_index, r.batch_size, min(ready, r.queued))
+    return batches
+
+
+def measured_profiles(batches: Batches, tables: list[ProfileTable]) -> tuple[list[ProfileTable], list[float]]:
     """The profiles as the runtime's batches ran in this run: a cell it ran at least
     MEASURED_MIN times takes those times as its samples; every other cell is scaled by its
     model's median of observed / profiled (the cell's median), returned too (1.0 for a model
     that ran no batch). A batch's tasks share its start and end."""
-    batches: dict[tuple[int, float, float], tuple[int, int]] = {}
-    for r in results:
-        if r.status is Status.OK and r.exit_index is not None and r.batch_size:
-            batches[(MODELS.index(r.model), r.start, r.end)] = (r.exit_index, r.batch_size)
     observed: list[dict[tuple[int, int], list[float]]] = [{} for _ in tables]
-    for (m, start, end), cell in batches.items():
-        observed[m].setdefault(cell, []).append((end - start) * 1000.0)
+    for (m, start, end), (exit_index, size, _) in batches.items():
+        observed[m].setdefault((exit_index, size), []).append((end - start) * 1000.0)
     out, slowdown = [], []
     for table, cells in zip(tables, observed, strict=True):
         ratios = [ms / table.latency_ms(e, b, "p50") for (e, b), times in cells.items() for ms in times]
@@ -156,16 +165,13 @@ def measured_profiles(
     return out, slowdown
 
 
-def dispatch_overhead(results: list[Result]) -> float:
+def dispatch_overhead(batches: Batches) -> float:
     """Median seconds the executor stood idle before a batch while its first task waited: the
     runtime's per-batch wake-up, decision and hand-off (the simulator's `dispatch_overhead_s`)."""
-    batches: dict[tuple[float, float], float] = {}
-    for r in results:
-        if r.status is Status.OK and r.batch_size:
-            key = (r.start, r.end)
-            batches[key] = min(batches.get(key, r.queued), r.queued)
     gaps, prev_end = [], -np.inf
-    for (start, end), ready in sorted(batches.items()):
+    for start, end, ready in sorted(
+        (start, end, ready) for (_, start, end), (_, _, ready) in batches.items()
+    ):
         if prev_end > -np.inf:
             gaps.append(max(0.0, start - max(prev_end, ready)))
         prev_end = end
@@ -305,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                 return results, server.snapshot()
 
         results, snap = run(serve())
-        measured, slowdown = measured_profiles(results, tables)
-        gap = dispatch_overhead(results)
+        batches = ran_batches(results)
+        measured, slowdown = measured_profiles(batches, tables)
+        gap = dispatch_overhead(batches)
         rows.append(runtime_row(load, results, accuracy, snap))
         rows.append(simulator_row(load, trace, tables, args.slo_ms, accuracy))
         rows.append(simulator_row(load, trace, measured, args.slo_ms, accuracy, "sim-meas", gap))
