@@ -69,6 +69,7 @@ SCRAPED = {  # summed over models
     "edgeserve_executor_busy_seconds_total": "busy",
     "edgeserve_executor_busy_cpu_seconds_total": "busy_cpu",
     "process_cpu_seconds_total": "cpu",
+    "edgeserve_frontend_process_cpu_seconds_total": "front_cpu",  # the socket front's own process
     "edgeserve_request_duration_seconds_count": "ok_n",  # the server's arrival-to-answer, `ok` only
     "edgeserve_request_duration_seconds_sum": "ok_s",
     "edgeserve_batches_total": "batches",
@@ -308,7 +309,7 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         "seconds": seconds,
         "max_in_flight": readies[0][1],
         "client_cpu": sum(s[2] for s in sent) / seconds,
-        "server_cpu": (after["cpu"] - before["cpu"]) / window,
+        "server_cpu": (after["cpu"] + after["front_cpu"] - before["cpu"] - before["front_cpu"]) / window,
         "busy": (after["busy"] - before["busy"]) / window,
         # the executor thread's CPU time within its batches, per busy second: the rest it waited
         # (for the GIL as the backend's run returned, or for a core)
@@ -416,6 +417,7 @@ def write_config(
         f'tcp = "127.0.0.1:{ports[0]}"',
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
         *([f"reply_margin_ms = {args.reply_margin_ms}"] if args.reply_margin_ms is not None else []),
+        *([f"front_process = {str(args.front == 'process').lower()}"] if args.front else []),
     ]
     lines += ["[metrics]", f'listen = "127.0.0.1:{ports[1]}"']
     scheduler = {"late_tasks": args.late_tasks, "admission": admission, "policy": args.policy}
@@ -453,6 +455,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
+    parser.add_argument(
+        "--front",
+        choices=("process", "loop"),
+        help="[listen] front_process: the socket front in its own process or on the server's loop "
+        "(default: the server's)",
+    )
     parser.add_argument(
         "--reply-margin-ms", type=float, help="[listen] reply_margin_ms (default: the server's)"
     )

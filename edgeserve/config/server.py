@@ -111,6 +111,10 @@ class ListenConfig:
     # the client's read) and a request's frame waited before the server read it: the scheduler
     # plans each such request to finish this much before its deadline (docs/runtime.md).
     reply_margin_ms: float = DEFAULT_REPLY_MARGIN_MS
+    # The socket front (reads, refusals, hellos, limits) in a process of its own, so that under
+    # overload it does not hold the GIL the executor thread needs; pays on boxes with cores to
+    # spare, costs a hop per request (docs/runtime.md, "The front in a process of its own").
+    front_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,7 @@ def _listen(data: Any) -> ListenConfig:
         "hello_timeout_s",
         "idle_timeout_s",
         "reply_margin_ms",
+        "front_process",
     )
     no_unknown(data, allowed, "listen")
     unix = data.get("unix")
@@ -370,6 +375,9 @@ def _listen(data: Any) -> ListenConfig:
     if http is not None:
         http = _host_port(http, "listen.http")
     token = data.get("token")
+    front_process = data.get("front_process", False)
+    if not isinstance(front_process, bool):
+        raise ConfigError(f"listen.front_process: must be true or false, got {front_process!r}")
     return ListenConfig(
         unix=unix,
         unix_mode=int(mode_text, 8),
@@ -400,6 +408,7 @@ def _listen(data: Any) -> ListenConfig:
         reply_margin_ms=non_negative_number(
             data.get("reply_margin_ms", DEFAULT_REPLY_MARGIN_MS), "listen.reply_margin_ms"
         ),
+        front_process=front_process,
     )
 
 

@@ -42,6 +42,7 @@ class FrontendCounters(Protocol):
     refused_connections: int
     timed_out_connections: int
     flood_pauses: int
+    process_cpu_seconds: float
     by_status: dict[str, int]
 
 
@@ -289,6 +290,12 @@ def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:
             "edgeserve_frontend_flood_pauses_total",
             "counter",
             "Times a client sending far past its window was left unread while another client was not",
+        ),
+        (
+            "process_cpu_seconds",
+            "edgeserve_frontend_process_cpu_seconds_total",
+            "counter",
+            "CPU time of the front's own process (listen.front_process); 0 for a front in the server's",
         ),
     )
     families = [Family(name, kind, help_text) for _, name, kind, help_text in simple]

@@ -40,17 +40,18 @@ import math
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import msgpack
 import numpy as np
 
 from edgeserve import __version__
-from edgeserve.config.server import ListenConfig
-from edgeserve.manifest import TensorSpec
+from edgeserve.config.server import ListenConfig, ServerConfig
+from edgeserve.manifest import Manifest, TensorSpec
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
-from edgeserve.runtime import FrontendStats, Result, Server, Status
+from edgeserve.runtime import FrontendStats, Result, Status
 from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
 from edgeserve.wire.frames import (
     HEADER,
@@ -198,10 +199,33 @@ def pack_id(request_id: int) -> bytes:
 CACHED_REFUSALS = (Status.REJECTED, Status.SHUTDOWN)  # their error texts do not vary per request
 
 
+class ServerPort(Protocol):
+    """What a front needs of a Server: the Server itself, or the front process's RemoteServer."""
+
+    config: ServerConfig
+    models: tuple[str, ...]
+
+    def manifest(self, model: str) -> Manifest: ...
+
+    def run_completed(self) -> None: ...
+
+    def enqueue(
+        self,
+        model: str,
+        x: Any,
+        reply: Callable[[Result], object],
+        *,
+        deadline_ms: float | None = None,
+        capture_ts: float | None = None,
+        reply_margin_s: float = 0.0,
+        received: float | None = None,
+    ) -> object: ...
+
+
 class Frontend:
     """Shared by all connections of one server process: the Server, the limits and the counters."""
 
-    def __init__(self, server: Server, listen: ListenConfig) -> None:
+    def __init__(self, server: ServerPort, listen: ListenConfig) -> None:
         self.server = server
         self.listen = listen
         self.margin_s = listen.reply_margin_ms / 1000.0  # Server.enqueue's reply_margin_s

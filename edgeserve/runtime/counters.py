@@ -51,6 +51,7 @@ class FrontendStats:
     timed_out_connections: int = 0  # no hello within hello_timeout_s, or idle for idle_timeout_s
     expired_on_arrival: int = 0
     flood_pauses: int = 0  # a client far past its window left unread while others had room
+    process_cpu_seconds: float = 0.0  # CPU time of the front's own process ([listen] front_process)
     by_status: dict[str, int] = field(default_factory=dict)
 
 

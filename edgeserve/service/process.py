@@ -11,7 +11,7 @@ writes those answers, closes the connections and removes the UNIX socket file.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from edgeserve.config.access import warn_if_exposed
 from edgeserve.config.checks import check_preprocess
 from edgeserve.config.server import ServerConfig
 from edgeserve.metrics.endpoint import MetricsEndpoint
+from edgeserve.net.front_process import FrontProcess
 from edgeserve.net.frontend import Frontend
 from edgeserve.net.listeners import Listeners, open_listeners, require_listener
 from edgeserve.oip.frontend import OipFrontend
@@ -42,16 +43,20 @@ class NetServer:
     ) -> None:
         self.config = load_config(config)
         self.server = Server(self.config, backend_factory=backend_factory)
-        self.frontend = Frontend(self.server, self.config.listen)
+        # The socket front: in a process of its own ([listen] front_process), else on this loop.
+        listen = self.config.listen
+        self.frontend: Frontend | FrontProcess = (
+            FrontProcess(self.server) if listen.front_process else Frontend(self.server, listen)
+        )
         self.listeners: Listeners | None = None
+        self._socket_urls: list[str] = []
         # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
         self.oip = None if self.config.listen.http is None else OipFrontend(self.server, self.config.listen)
         self.metrics: MetricsEndpoint | None = None  # started when [metrics] listen is set
 
     @property
     def urls(self) -> list[str]:
-        urls = [] if self.listeners is None else list(self.listeners.urls)
-        return urls + ([self.oip.url] if self.oip is not None and self.oip.url else [])
+        return self._socket_urls + ([self.oip.url] if self.oip is not None and self.oip.url else [])
 
     @property
     def metrics_url(self) -> str | None:
@@ -72,13 +77,19 @@ class NetServer:
                     self.server, self.config.metrics, stats, token=self.config.listen.token
                 )
                 self.metrics = await endpoint.start()
-            self.listeners = await open_listeners(self.frontend, self.config.listen)
+            if isinstance(self.frontend, FrontProcess):
+                self._socket_urls = await self.frontend.start(self.config)
+            else:
+                self.listeners = await open_listeners(self.frontend, self.config.listen)
+                self._socket_urls = list(self.listeners.urls)
             if self.config.listen.tcp is not None:  # the HTTP and metrics listeners warn for themselves
                 host, port = self.config.listen.tcp
                 warn_if_exposed(_log, "listen.tcp (socket protocol)", host, port, self.config.listen.token)
             if self.oip is not None:
                 await self.oip.start()
         except BaseException:
+            if isinstance(self.frontend, FrontProcess):
+                await self.frontend.abort()
             if self.listeners is not None:
                 await self.listeners.close()
             if self.metrics is not None:
@@ -86,6 +97,22 @@ class NetServer:
             await self.server.close(0)
             raise
         return self
+
+    @property
+    def failure(self) -> str | None:
+        """Why the socket front stopped on its own (its process exited), else None."""
+        return self.frontend.failure if isinstance(self.frontend, FrontProcess) else None
+
+    def on_failure(self, callback: Callable[[], object]) -> None:
+        """Call `callback` if the socket front stops on its own (`edgeserve serve` then stops)."""
+        if isinstance(self.frontend, FrontProcess):
+            self.frontend.on_failure(callback)
+
+    def reconfigured(self) -> None:
+        """After a reload: the socket front learns the new models and SLOs."""
+        self.config = self.server.config
+        if isinstance(self.frontend, FrontProcess):
+            self.frontend.configure(self.config)
 
     async def close(self) -> None:
         if self.listeners is not None:

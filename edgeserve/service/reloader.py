@@ -81,7 +81,7 @@ class ConfigReloader:
         finally:
             if self.notifier is not None:
                 self.notifier.ready()
-        self.net.config = self.net.server.config
+        self.net.reconfigured()
         if self.manage_logging:
             logs.configure(self.log_level or new.logging.level, new.logging.format)
         self.reloads += 1

@@ -89,6 +89,7 @@ async def serve(config_path: Path, *, log_level: str | None = None) -> None:
         notifier = Notifier.from_env(LoadStatus(net.server.snapshot))
         reloader = ConfigReloader(config_path, net, notifier, log_level)
         loop.add_signal_handler(signal.SIGHUP, reloader.request)
+        net.on_failure(stop.set)
         for url in net.urls:
             log.info("listening", extra={"url": url})
         if net.metrics_url is not None:
@@ -105,6 +106,10 @@ async def serve(config_path: Path, *, log_level: str | None = None) -> None:
         log.info("stopping: answering the requests in flight", extra={"in_flight": in_flight})
         await reloader.wait()
     notifier.stop()
+    if net.failure is not None:
+        from edgeserve.errors import EdgeServeError
+
+        raise EdgeServeError(f"{net.failure}; the server stopped (see the log above)")
     stats = net.frontend.stats
     log.info(
         "stopped",

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import msgpack
+import pytest
 from runtime_support import profiled_tiny_repository
 from service_support import serve_process, write_serve_config
 
@@ -27,11 +28,17 @@ IN_FLIGHT = 24  # per connection, so a queue is standing when SIGTERM lands
 SHUTDOWN_TIMEOUT_S = 1.0
 
 
-def test_sigterm_under_load_answers_every_request_and_exits_zero(tmp_path: Path) -> None:
+# The socket front on the server's loop (the default) and in a process of its own.
+FRONTS = pytest.mark.parametrize("front_process", ["false", "true"], ids=["loop", "process"])
+
+
+@FRONTS
+def test_sigterm_under_load_answers_every_request_and_exits_zero(tmp_path: Path, front_process: str) -> None:
     repository = tmp_path / "engines"
     models = profiled_tiny_repository(repository)
     config = tmp_path / "serve.toml"
-    write_serve_config(config, repository, tmp_path / "serve.sock", slo_ms=60000)
+    extra = f"front_process = {front_process}\n"
+    write_serve_config(config, repository, tmp_path / "serve.sock", slo_ms=60000, extra=extra)
     xs = models["tiny_a"].random_input(8, seed=3)
 
     async def load(url: str, pid: int) -> list[Reply | BaseException]:
@@ -81,7 +88,10 @@ def test_sigterm_under_load_answers_every_request_and_exits_zero(tmp_path: Path)
     assert int(stopped.group(2)) == len(replies) and int(stopped.group(3)) == 0
 
 
-def test_sigterm_under_a_flood_stops_reading_answers_what_was_read_and_exits_in_time(tmp_path: Path) -> None:
+@FRONTS
+def test_sigterm_under_a_flood_stops_reading_answers_what_was_read_and_exits_in_time(
+    tmp_path: Path, front_process: str
+) -> None:
     """Clients that ignore the window and keep writing after the signal (several times what the
     server can take): the server stops reading, answers each request it read exactly once, and
     exits 0 within shutdown_timeout_s + 1 s."""
@@ -93,7 +103,7 @@ def test_sigterm_under_a_flood_stops_reading_answers_what_was_read_and_exits_in_
         f"repository = {json.dumps(str(repository))}\nshutdown_timeout_s = {SHUTDOWN_TIMEOUT_S}\n"
         '[backend]\nname = "onnxruntime"\nthreads = 1\nwarmup = 0\n'
         "[models.tiny_a]\nslo_ms = 50\n"
-        f'[listen]\nunix = {json.dumps(str(sock))}\nunix_mode = "0600"\n'
+        f'[listen]\nunix = {json.dumps(str(sock))}\nunix_mode = "0600"\nfront_process = {front_process}\n'
     )
     x = models["tiny_a"].random_input(1, seed=3)[0]
     head = encode_frame({"type": "infer", "model": "tiny_a", "tensor": encode_tensor(x), "id": 0})
