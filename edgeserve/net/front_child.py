@@ -34,7 +34,6 @@ from edgeserve.net.front_link import (
     Link,
     Record,
     config_of,
-    refusal,
     request_record,
     result_of,
     stats_record,
@@ -52,6 +51,12 @@ WAY_BACK_ALPHA = 0.02
 WAY_BACK_STEP_S = 0.0002
 
 _log = logging.getLogger("edgeserve.front")
+
+
+def refusal(model: str, status: Status, error: str) -> Result:
+    """An answer given here at once (`shutdown` once the server stops or goes away)."""
+    now = time.monotonic()
+    return Result(status, model, queued=now, end=now, error=error)
 
 
 class RemoteServer:
@@ -185,7 +190,12 @@ class FrontChild:
         assert self.frontend is not None
         while True:
             await asyncio.sleep(STATS_EVERY_S)
-            self.link.send(stats_record("stats", self.frontend.stats, self.frontend.in_flight))
+            self._send_stats("stats")
+
+    def _send_stats(self, kind: str) -> None:
+        assert self.frontend is not None
+        self.frontend.stats.process_cpu_seconds = time.process_time()  # this process's, all threads
+        self.link.send(stats_record(kind, self.frontend.stats, self.frontend.in_flight))
 
     async def _follow_controls(self) -> None:
         """The server process's orders, in turn (NetServer.close, a reload)."""
@@ -208,7 +218,7 @@ class FrontChild:
             elif kind == "wait_closed":
                 await frontend.wait_closed(record[1])
                 await listeners.wait_closed(record[1])
-                self.link.send(stats_record("closed", frontend.stats, frontend.in_flight))
+                self._send_stats("closed")
                 self.link.flush()
                 return
             else:

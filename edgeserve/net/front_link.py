@@ -138,6 +138,8 @@ class Link:
 
 
 def _array(a: np.ndarray | None) -> list[Any] | None:
+    """Any array as it is (not wire.tensors.encode_tensor, whose dtype allow-list is for clients:
+    a Result crosses whatever it holds, so the front answers exactly as the in-process one)."""
     if a is None:
         return None
     a = np.ascontiguousarray(a)
@@ -192,12 +194,6 @@ def result_of(v: Record) -> Result:
     return Result(_STATUS[v[1]], v[2], output, *v[4:15], outputs)
 
 
-def refusal(model: str, status: Status, error: str) -> Result:
-    """An answer given at once (the front's own `shutdown` once the server stops)."""
-    now = time.monotonic()
-    return Result(status, model, queued=now, end=now, error=error)
-
-
 # -- what the front process needs to know of the server ---------------------------------------------
 
 
@@ -233,10 +229,10 @@ def config_of(setup: Mapping[str, Any]) -> tuple[ServerConfig, dict[str, Manifes
     models = {}
     for name, m in setup["models"].items():
         pre = m["preprocess"]
-        if pre is not None:
+        if pre is not None:  # msgpack gives lists where the config holds tuples
+            resize = None if pre["resize"] is None else tuple(pre["resize"])
             pre = PreprocessConfig(
-                **{**pre, "resize": None if pre["resize"] is None else tuple(pre["resize"])}
-                | {"mean": tuple(pre["mean"]), "std": tuple(pre["std"])}
+                **pre | {"resize": resize, "mean": tuple(pre["mean"]), "std": tuple(pre["std"])}
             )
         models[name] = ModelConfig(slo_ms=m["slo_ms"], max_queue=m["max_queue"], preprocess=pre)
     config = ServerConfig(models=models, listen=ListenConfig(**listen))
@@ -250,5 +246,5 @@ def stats_record(kind: str, stats: FrontendStats, in_flight: int) -> Record:
 
 def update_stats(stats: FrontendStats, values: Mapping[str, Any]) -> None:
     for f in fields(FrontendStats):
-        if f.name in values and f.name != "process_cpu_seconds":  # read from /proc where it runs
+        if f.name in values:
             setattr(stats, f.name, values[f.name])

@@ -16,12 +16,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -34,17 +32,6 @@ START_TIMEOUT_S = 60.0  # the front imports numpy and msgpack and opens the list
 EXIT_TIMEOUT_S = 2.0
 
 _log = logging.getLogger("edgeserve.front")
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int, last: float) -> float:
-    """utime + stime of a process from /proc (the last value once it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return last
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 class FrontProcess:
@@ -54,14 +41,14 @@ class FrontProcess:
         self.server = server
         self.stats = FrontendStats()  # the front's counters (and its CPU time) as of its last report
         self.in_flight = 0
-        self.urls: list[str] = []
         self.failure: str | None = None  # why the front process stopped on its own
         self._on_failure: list[Callable[[], object]] = []
         self._process: subprocess.Popen[bytes] | None = None
         self._link: Link | None = None
         self._waiters: dict[str, asyncio.Future[Record]] = {}
+        self._failed: asyncio.Future[str] | None = None  # set with why, if the front fails or goes
+        self._ready = False
         self._stopping = False
-        self._dtypes: dict[str, np.dtype] = {}
         self._watcher: asyncio.Future[None] | None = None
 
     def on_failure(self, callback: Callable[[], object]) -> None:
@@ -78,12 +65,13 @@ class FrontProcess:
             )
         finally:
             theirs.close()
+        self._failed = asyncio.get_running_loop().create_future()
         self._link = Link(ours, self._on_record, before_read=self.server.run_completed)
         self.configure(config)
         self._watcher = asyncio.ensure_future(self._watch())
         ready = await self._expect("ready", START_TIMEOUT_S)
-        self.urls = list(ready[1])
-        return self.urls
+        self._ready = True
+        return list(ready[1])
 
     def configure(self, config: ServerConfig) -> None:
         """Tell the front what it serves (at start, and after a reload)."""
@@ -99,12 +87,9 @@ class FrontProcess:
         if type(token) is not int:
             self._on_control(record)
             return
-        dtype = self._dtypes.get(record[2])
-        if dtype is None:
-            dtype = self._dtypes[record[2]] = np.dtype(record[2])
         reply = functools.partial(self._reply, token)
         try:
-            x = np.frombuffer(record[4], dtype=dtype).reshape(record[3])
+            x = np.frombuffer(record[4], dtype=record[2]).reshape(record[3])
             self.server.enqueue(
                 record[1],
                 x,
@@ -128,27 +113,24 @@ class FrontProcess:
         kind = record[0]
         if kind in ("stats", "closed"):
             update_stats(self.stats, record[1])
-            if self._process is not None:
-                stats = self.stats
-                stats.process_cpu_seconds = _cpu_seconds(self._process.pid, stats.process_cpu_seconds)
             self.in_flight = record[2]
+        if kind == "failed":
+            self._fail(str(record[1]))
         waiter = self._waiters.pop(kind, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(record)
-        elif kind == "failed":
-            self._fail(str(record[1]))
 
     async def _expect(self, kind: str, timeout: float) -> Record:
         """The next control record of this kind; ListenError if the front says it failed or
         goes away first."""
+        assert self._failed is not None
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         self._waiters[kind] = future
-        failed = self._waiters.setdefault("failed", asyncio.get_running_loop().create_future())
-        await asyncio.wait([future, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([future, self._failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if future.done():
             return future.result()
-        if failed.done():
-            raise ListenError(f"socket front: {failed.result()[1]}")
+        if self._failed.done():
+            raise ListenError(f"socket front: {self._failed.result()}")
         raise ListenError(f"socket front: no {kind!r} within {timeout:g} s")
 
     async def _watch(self) -> None:
@@ -160,10 +142,10 @@ class FrontProcess:
             self._fail(f"the socket front process exited unexpectedly (exit code {code})")
 
     def _fail(self, why: str) -> None:
-        for kind, waiter in list(self._waiters.items()):
-            if kind == "failed" and not waiter.done():
-                waiter.set_result(["failed", why])
-        if self.failure is None and not self._stopping:
+        """Wake whatever waits on the front; once it served, stop the server (`on_failure`)."""
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_result(why)
+        if self._ready and self.failure is None and not self._stopping:
             self.failure = why
             _log.error(why)
             for callback in self._on_failure:
