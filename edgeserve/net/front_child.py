@@ -195,7 +195,7 @@ class FrontChild:
     def _send_stats(self, kind: str) -> None:
         assert self.frontend is not None
         self.frontend.stats.process_cpu_seconds = time.process_time()  # this process's, all threads
-        self.link.send(stats_record(kind, self.frontend.stats, self.frontend.in_flight))
+        self.link.send(stats_record(kind, self.frontend.stats))
 
     async def _follow_controls(self) -> None:
         """The server process's orders, in turn (NetServer.close, a reload)."""

@@ -240,8 +240,8 @@ def config_of(setup: Mapping[str, Any]) -> tuple[ServerConfig, dict[str, Manifes
     return config, manifests
 
 
-def stats_record(kind: str, stats: FrontendStats, in_flight: int) -> Record:
-    return [kind, asdict(stats), in_flight]
+def stats_record(kind: str, stats: FrontendStats) -> Record:
+    return [kind, asdict(stats)]
 
 
 def update_stats(stats: FrontendStats, values: Mapping[str, Any]) -> None:

@@ -6,7 +6,8 @@ connection's window. In one process that work holds the GIL the executor thread 
 ONNX Runtime returns, and the batches slow down by a third. The front process (net.front_child)
 does it on its own interpreter; this side feeds the requests it admits to the Server and sends
 each Result back. It has the Frontend's lifecycle methods (stop_reading, drain, close_all,
-wait_closed) and its counters (`stats`, `in_flight`, from the front's reports), so NetServer
+wait_closed), its counters (`stats`, from the front's reports) and `in_flight` (the requests it
+got that the Server has still to answer), so NetServer
 stops it the same way.
 """
 
@@ -40,7 +41,7 @@ class FrontProcess:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.stats = FrontendStats()  # the front's counters (and its CPU time) as of its last report
-        self.in_flight = 0
+        self.in_flight = 0  # requests from the front the Server has not answered yet
         self.failure: str | None = None  # why the front process stopped on its own
         self._on_failure: list[Callable[[], object]] = []
         self._process: subprocess.Popen[bytes] | None = None
@@ -88,6 +89,7 @@ class FrontProcess:
             self._on_control(record)
             return
         reply = functools.partial(self._reply, token)
+        self.in_flight += 1
         try:
             x = np.frombuffer(record[4], dtype=record[2]).reshape(record[3])
             self.server.enqueue(
@@ -105,6 +107,7 @@ class FrontProcess:
 
     def _reply(self, token: int, result: Result) -> None:
         assert self._link is not None
+        self.in_flight -= 1
         self._link.send(result_record(token, result))
 
     # -- control ------------------------------------------------------------------------------------
@@ -113,7 +116,6 @@ class FrontProcess:
         kind = record[0]
         if kind in ("stats", "closed"):
             update_stats(self.stats, record[1])
-            self.in_flight = record[2]
         if kind == "failed":
             self._fail(str(record[1]))
         waiter = self._waiters.pop(kind, None)
@@ -187,7 +189,9 @@ class FrontProcess:
         self._stopping = True
         if self._link is not None:
             self._link.close()
-        if self._process is not None and self._process.returncode is None:
+        if self._watcher is not None:
+            await self._watcher  # it reaps the process once the link is closed
+        elif self._process is not None and self._process.returncode is None:
             await asyncio.to_thread(self._wait_exit)
 
     def _send(self, record: Record) -> None:
