@@ -37,6 +37,7 @@ import functools
 import hmac
 import logging
 import math
+import os
 import socket
 import time
 import traceback
@@ -89,6 +90,7 @@ FLOOD_PAUSE_S = 0.05
 POLITE_S = 0.25
 FLOOD_WINDOW = 1
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
+CLOSE_READ_BYTES = 4 * 1024 * 1024  # what a close still reads from the kernel (_take_received)
 
 
 def _describe(exc: BaseException) -> str:
@@ -973,10 +975,26 @@ class Connection(asyncio.Protocol):
         else:
             transport.close()
 
+    def _take_received(self) -> None:
+        """Before a close: what the kernel already holds for this connection (reading paused),
+        up to CLOSE_READ_BYTES, so that a frame which reached the server before it stopped gets
+        its answer, and a TCP close leaves no unread bytes behind (the kernel would answer them
+        with a reset, which can destroy the answers still on their way to the client)."""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None:
+            return
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock.fileno())) as raw:
+            taken = 0
+            while taken < CLOSE_READ_BYTES and (chunk := raw.recv(1 << 16, socket.MSG_DONTWAIT)):
+                self._buffer += chunk
+                taken += len(chunk)
+
     def close(self) -> None:
         """Answer the frames already read (a shutdown's close too: their answers say `shutdown`),
         write what is queued, then close."""
         reading = not self._closing and not self._reading and self._failing is None and self._greeted
+        if reading:
+            self._take_received()
         if reading and self._complete_frame():
             self._stopped = True
             self._read_frames(limit=None)
