@@ -8,9 +8,10 @@ flight"), so a pipelining client learns the limit instead of stalling.
 
 Overload (docs/runtime.md, "The path under overload"): a refusal must cost far less than a served
 request, or the more a client over-sends the less is served. So a request over the window is
-refused from its id alone (its tensor is never decoded or checked), the common request is parsed
-by wire.frames.fast_infer, at most FRAMES_PER_TURN frames are handled
-before the loop gets to run its other callbacks (a finished batch's hand-off among them), and the
+refused from its id alone (its tensor is never decoded or checked; frames that match a shape
+learned from the connection's earlier frames, hundreds at a time: wire.frame_shape), the common
+request is parsed by wire.frames.fast_infer, at most FRAMES_PER_TURN frames are handled before
+the loop gets to run its other callbacks (a finished batch's hand-off among them), and the
 answers of one loop turn leave in one write. An accepted request costs no task and no future: the
 Server calls the connection back with its Result (Server.enqueue), and a fixed refusal is written
 from a cached frame.
@@ -54,6 +55,7 @@ from edgeserve.manifest import Manifest, TensorSpec
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Status
 from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
+from edgeserve.wire.frame_shape import FrameShape, FrameShapes
 from edgeserve.wire.frames import (
     HEADER,
     MAX_ID,
@@ -77,6 +79,20 @@ _log = logging.getLogger(__name__)
 TOO_MANY_IN_FLIGHT = "too many requests in flight"
 FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run (~0.3 ms of work)
 REFUSALS_PER_FRAME = 8  # refusals past the window count as one frame of that budget (~8x cheaper)
+# Refusals of frames that match one of their connection's learned FrameShapes, checked BLOCK_MIN
+# to BLOCK_MAX at a time (below that numpy's per-call cost is more than decoding them), count 64
+# to a frame of the turn's budget.
+BLOCK_REFUSALS_PER_FRAME = 64
+BLOCK_MIN = 16
+BLOCK_MAX = 512
+LEARN_AFTER = 16  # frames refused one by one between two learnings of a shape
+# A client that interleaves a few kinds of frames (models, priorities) gets a shape for each within
+# about a hundred frames. Past FrameShapes.MAX_PER_LENGTH learnings with no block of BLOCK_MIN
+# frames since, the frames' structure itself varies (an int that changes, fields in another
+# order): then each further learning doubles the frames refused one by one before the next block
+# and the next learning (backoff, up to 2^MAX_BACKOFF), so such a client costs about what it did
+# without shapes.
+MAX_BACKOFF = 6
 WRITE_HIGH_WATER = 1024 * 1024
 # A connection that sends this many frames past its window in one read floods; while another
 # client does not (no flooding read for POLITE_S, data in the last second), the flood's socket is
@@ -183,6 +199,17 @@ class RefusalFrame:
     def frame(self, request_id: int) -> bytes:
         rid = pack_id(request_id)
         return HEADER.pack(self.size + len(rid)) + self.head + rid + self.tail
+
+    def frames(self, ids: np.ndarray) -> bytes:
+        """One refusal per row of `ids` (each an id's msgpack encoding, echoed as the client
+        wrote it), built as one array."""
+        count, width = ids.shape
+        head = np.frombuffer(HEADER.pack(self.size + width) + self.head, dtype=np.uint8)
+        out = np.empty((count, len(head) + width + len(self.tail)), dtype=np.uint8)
+        out[:, : len(head)] = head
+        out[:, len(head) : len(head) + width] = ids
+        out[:, len(head) + width :] = np.frombuffer(self.tail, dtype=np.uint8)
+        return out.tobytes()
 
 
 def pack_id(request_id: int) -> bytes:
@@ -402,6 +429,13 @@ class Connection(asyncio.Protocol):
         self._stopped = False  # shutdown: no more reading
         self._reading = False  # inside _read_frames (an answer given there must not close under it)
         self._over_window = 0  # frames refused past the window in the current read
+        # The layouts of this client's frames (wire.frame_shape), learned from refused frames that
+        # no known shape matched.
+        self._shapes = FrameShapes()
+        self._unmatched = False  # a block stopped at the next frame: no shape matched it
+        self._shape_wait = 0  # frames to refuse one by one before the shapes are tried again
+        self._fruitless = 0  # shapes learned since the last block of BLOCK_MIN or more frames
+        self._since_learn = LEARN_AFTER  # frames refused one by one since the last learning
         self.last_flood = -math.inf  # loop.time() of the last read with FLOOD_FRAMES past the window
         # Frames refused past the window in the current POLITE_S period (from loop.time()
         # _period_start) and in the one before: a client over its window in every read by a few
@@ -532,10 +566,9 @@ class Connection(asyncio.Protocol):
             if handled == limit:
                 break
             if self._greeted and self._in_flight >= self._window():
-                most = None if limit is None else (limit - handled) * REFUSALS_PER_FRAME
-                pos, refused = self._refuse_run(buffer, pos, size, most)
-                if refused:
-                    handled += -(-refused // REFUSALS_PER_FRAME)
+                pos, cost = self._refuse_run(buffer, pos, size, None if limit is None else limit - handled)
+                if cost:
+                    handled += cost
                     continue
             body = buffer[pos + HEADER.size : end]  # one copy; the buffer is trimmed once, below
             pos = end
@@ -747,26 +780,50 @@ class Connection(asyncio.Protocol):
             return FLOOD_WINDOW
         return self.frontend.listen.max_in_flight
 
-    def _refuse_run(self, buffer: bytearray, pos: int, size: int, most: int | None) -> tuple[int, int]:
-        """Refuse the complete frames from `pos` on, the window being full, up to `most` (None: all):
-        `rejected` from the id, model and priority alone (the tensor is never checked), written
-        from a cached frame, in one loop with no call per frame but the decoder's and the frame's.
-        Under overload most frames come this way, so this loop's cost per frame decides how much
-        CPU is left to serve. The window cannot open in between (nothing is answered here). Stops before the
-        first frame it cannot refuse from its id (not an infer, no valid id, unreadable, over
-        max_frame_bytes, incomplete): the general path reads that one.
-        Returns the position after the refused frames and how many there were."""
+    def _refuse_run(self, buffer: bytearray, pos: int, size: int, budget: int | None) -> tuple[int, int]:
+        """Refuse the complete frames from `pos` on, the window being full, within `budget` frames
+        of the turn (None: all): `rejected` from the id, model and priority alone (the tensor is
+        never checked), written from a cached frame. Under overload most frames come this way, so
+        this cost per frame decides how much CPU is left to serve: frames that match one of the
+        connection's FrameShapes are refused BLOCK_MIN or more at a time by numpy, the others one
+        by one with no call per frame but the decoder's and the frame's. The window cannot open
+        in between (nothing is answered here). Stops before the first frame it cannot refuse from
+        its id (not an infer, no valid id, unreadable, over max_frame_bytes, incomplete): the
+        general path reads that one. Returns the position after the refused frames and their
+        cost in frames of the budget."""
         frontend = self.frontend
         max_frame = frontend.listen.max_frame_bytes
         cached = frontend.window_refusals
         out = self._out
         unpack_from, header = HEADER.unpack_from, HEADER.size
-        refused = 0
-        while (most is None or refused < most) and size - pos >= header:
+        flush = not out  # nothing was queued before: flush at the end of this turn
+        lengths = self._shapes.lengths
+        wait, since, unmatched = self._shape_wait, self._since_learn, self._unmatched
+        fruitless = self._fruitless
+        backoff = min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
+        blocks = single = block_cost = 0
+        while budget is None or single < (budget - block_cost) * REFUSALS_PER_FRAME:
+            if size - pos < header:
+                break
             (length,) = unpack_from(buffer, pos)
             end = pos + header + length
             if length > max_frame or size < end:
                 break
+            if not wait and end - pos in lengths:
+                most = min((size - pos) // (end - pos), BLOCK_MAX)
+                if budget is not None:
+                    spent = block_cost + -(-single // REFUSALS_PER_FRAME)
+                    most = min(most, (budget - spent) * BLOCK_REFUSALS_PER_FRAME)
+                if most >= BLOCK_MIN:
+                    count = self._refuse_block(buffer, pos, end - pos, most)
+                    pos += count * (end - pos)
+                    blocks += count
+                    block_cost += -(-count // BLOCK_REFUSALS_PER_FRAME)
+                    if count >= BLOCK_MIN:
+                        fruitless = backoff = 0
+                    if count < most:  # the next frame has a layout not seen yet
+                        wait, unmatched = BLOCK_MIN << backoff, True
+                    continue
             try:
                 message = decode_body(buffer[pos + header : end], max_frame)
             except ProtocolError:
@@ -779,16 +836,45 @@ class Connection(asyncio.Protocol):
             priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
             refusal = cached.get((model, priority)) or frontend.window_refusal(model, priority)
             out.append(refusal.frame(request_id))
-            refused += 1
+            single += 1
+            since += 1
+            if wait:
+                wait -= 1
+            # Learn from the frame a block stopped at (no shape matched it), or from a frame of a
+            # length with no shape yet; with no backoff, try the blocks again at once.
+            if unmatched or (end - pos not in lengths and since >= LEARN_AFTER << backoff):
+                shape = FrameShape.learn(buffer[pos:end], message)
+                if shape is not None:
+                    self._shapes.add(shape)
+                since, unmatched = 0, False
+                wait = wait if backoff else 0
+                fruitless += 1
+                backoff = min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
             pos = end
+        self._shape_wait, self._since_learn, self._unmatched = wait, since, unmatched
+        self._fruitless = fruitless
+        refused = blocks + single
         if refused:
-            if len(out) == refused:  # nothing was queued before: flush at the end of this turn
+            if flush:
                 self._loop.call_soon(self._flush)
             stats = frontend.stats
             stats.requests += refused
             stats.by_status["rejected"] = stats.by_status.get("rejected", 0) + refused
             self._over_window += refused
-        return pos, refused
+        return pos, block_cost + -(-single // REFUSALS_PER_FRAME)
+
+    def _refuse_block(self, buffer: bytearray, pos: int, length: int, most: int) -> int:
+        """Refuse the frames of `length` bytes from `pos` on (at most `most`) that match one of the
+        connection's FrameShapes, as one block; returns how many there were."""
+        frontend = self.frontend
+        with memoryview(buffer) as view:  # no copy (released before the buffer is cut)
+            count, groups = self._shapes.match(view[pos : pos + most * length], length)
+        for shape, ids in groups:
+            refusal = frontend.window_refusals.get((shape.model, shape.priority))
+            if refusal is None:
+                refusal = frontend.window_refusal(shape.model, shape.priority)
+            self._out.append(refusal.frames(ids))
+        return count
 
     def _on_fast(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from edgeserve.config.checks import ConfigError
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.net import frontend as frontend_module
 from edgeserve.wire.client import BlockingClient, ServerRefused
+from edgeserve.wire.frame_shape import FrameShapes
 from edgeserve.wire.frames import HEADER, encode_frame
 from edgeserve.wire.tensors import encode_tensor
 
@@ -314,6 +316,79 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
         assert srv.stats().flood_pauses >= 1
 
 
+def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_and_priority(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames past the window that share a learned layout are refused a block at a time
+    (wire.frame_shape); interleaved models and priorities and ids crossing msgpack's widths (127,
+    255, 65535) get exactly one answer each, naming the model and echoing the priority sent."""
+    matched: list[int] = []
+    match = FrameShapes.match
+
+    def counting(self: FrameShapes, block: Any, length: int) -> Any:
+        count, groups = match(self, block, length)
+        matched.append(count)
+        return count, groups
+
+    monkeypatch.setattr(FrameShapes, "match", counting)
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=1)
+    x = encode_tensor(np.zeros((1, 8, 8), np.float32))
+    kinds = [("tiny_a", 1), ("tiny_a", 2), ("tiny_a", -5), ("tiny_x", 1)]  # frames of one length
+    rng = np.random.default_rng(3)
+    sent: dict[int, tuple[str, int]] = {}
+    frames = []
+    for request_id in [*range(60, 1_060), *range(65_000, 66_000)]:
+        model, priority = kinds[rng.integers(0, len(kinds))]
+        sent[request_id] = (model, priority)
+        fields = {"type": "infer", "id": request_id, "model": model, "tensor": x, "priority": priority}
+        frames.append(encode_frame(fields))
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sender = threading.Thread(target=sock.sendall, args=(b"".join(frames),))
+        sender.start()
+        answers: dict[int, dict[str, Any]] = {}
+        while len(answers) < len(sent):
+            message = read_frame(sock)
+            assert message is not None and message["type"] == "result", message
+            assert message["id"] not in answers, "an id was answered twice"
+            answers[message["id"]] = message
+        sender.join()
+    assert sorted(answers) == sorted(sent)
+    for request_id, (model, priority) in sent.items():
+        answer = answers[request_id]
+        assert answer["priority"] == priority, answer
+        if answer["status"] == "rejected" and "too many requests in flight" in answer["error"]:
+            assert answer["model"] == model, answer
+    assert sum(matched) > len(sent) * 3 // 4, f"refused by shape: {sum(matched)} of {len(sent)}"
+
+
+def test_a_flood_whose_frames_vary_in_structure_is_refused_one_by_one_each_once(
+    served, tmp_path: Path
+) -> None:
+    """An int field that changes in every frame: no shape holds (the connection backs off from
+    learning them), and every frame still gets exactly one answer."""
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=1)
+    x = encode_tensor(np.zeros((1, 8, 8), np.float32))
+    ids = range(70_000, 73_000)
+    frames = b"".join(
+        encode_frame(
+            {"type": "infer", "id": k, "model": "tiny_a", "tensor": x, "deadline_ms": 5_000 + k % 97}
+        )
+        for k in ids
+    )
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sender = threading.Thread(target=sock.sendall, args=(frames,))
+        sender.start()
+        answers = _answers(sock, len(ids))
+        sender.join()
+    assert sorted(answers) == list(ids) and set(answers.values()) <= {"ok", "rejected"}
+
+
 def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_answer(
     served, tmp_path: Path
 ) -> None:
@@ -348,6 +423,8 @@ def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(
     its buffer too (refusing them would cost the polite client the loop's time), and answers
     every one of them once the holds end."""
     monkeypatch.setattr(frontend_module, "FLOOD_PAUSE_S", 0.3)
+    # one read (256 KiB) holds fewer frames than a turn refuses by FrameShape: as many as one by one
+    monkeypatch.setattr(frontend_module, "BLOCK_REFUSALS_PER_FRAME", frontend_module.REFUSALS_PER_FRAME)
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=2)
     per_turn = frontend_module.FRAMES_PER_TURN * frontend_module.REFUSALS_PER_FRAME  # refusals
