@@ -7,7 +7,10 @@ loop thread (from /proc, so a busy machine changes them little, unlike wall-cloc
 
 - served: closed loop, `--window` requests in flight on each of `--connections` UNIX connections;
 - refused: the server allows 1 request in flight per connection and the client sends bursts of
-  `--burst` frames, so nearly every frame is refused `rejected` (window full) from its id.
+  `--burst` frames, so nearly every frame is refused `rejected` (window full) from its id; frames
+  alike but for their id and tensor, which the server learns the shape of and refuses a block at
+  a time (wire/frame_shape.py); with `--varying`, frames whose structure changes (an int
+  `deadline_ms` that differs from frame to frame), which it must refuse one by one.
 
 It starts `edgeserve serve` on the digits models of `make demo` (ONNX Runtime, 1 thread) and
 prints microseconds of loop CPU per request and per refusal, and the executor thread's CPU per
@@ -15,6 +18,7 @@ served request. Linux only (/proc).
 
     .venv/bin/python benchmarks/loop_cost.py                      # ~20 s
     .venv/bin/python benchmarks/loop_cost.py --model digits-s --seconds 10
+    .venv/bin/python benchmarks/loop_cost.py --varying              # refusals with no shape
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def thread_cpu(pid: int) -> dict[str, float]:
 class Client:
     """A blocking UNIX-socket client writing pre-encoded frames and counting answers by status."""
 
-    def __init__(self, path: str, model: str, shape: list[int], deadline_ms: float) -> None:
+    def __init__(
+        self, path: str, model: str, shape: list[int], deadline_ms: float, varying: bool = False
+    ) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
         self.sock.sendall(encode_frame({"type": "hello", "version": 1, "client": "loop_cost.py"}))
@@ -65,10 +71,17 @@ class Client:
         body = msgpack.packb(fields)  # "id" goes last, as a 4-byte uint32 (a fixed frame length)
         body = bytes([body[0] + 1]) + body[1:] + msgpack.packb("id") + b"\xce"
         self.head, self.pack_id, self.sent = HEADER.pack(len(body) + 4) + body, struct.Struct(">I").pack, 0
+        self.fields = fields if varying else None
         self.status: dict[str, int] = {}
 
     def send(self, n: int) -> None:
-        self.sock.sendall(b"".join(self.head + self.pack_id(self.sent + k) for k in range(n)))
+        if self.fields is None:
+            self.sock.sendall(b"".join(self.head + self.pack_id(self.sent + k) for k in range(n)))
+        else:  # an int deadline_ms that changes: the frames' structure differs from one to the next
+            ids = range(self.sent, self.sent + n)
+            self.sock.sendall(
+                b"".join(encode_frame({**self.fields, "deadline_ms": 900 + k % 50, "id": k}) for k in ids)
+            )
         self.sent += n
 
     def next_messages(self, n: int, more: bool = False) -> list[dict[str, object]]:
@@ -107,7 +120,10 @@ def measure(args: argparse.Namespace, tmp: Path, refused: bool) -> dict[str, flo
     server = start_server(config, tmp / "serve.log")
     try:
         spec = ModelRepository(args.repository).load_manifest(args.model).input
-        clients = [Client(str(sock), args.model, list(spec.shape), 1000.0) for _ in range(args.connections)]
+        clients = [
+            Client(str(sock), args.model, list(spec.shape), 1000.0, varying=refused and args.varying)
+            for _ in range(args.connections)
+        ]
         window = args.burst if refused else args.window
         for c in clients:  # warm up
             c.send(window)
@@ -149,13 +165,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=2)
     parser.add_argument("--window", type=int, default=32, help="served: in flight per connection")
     parser.add_argument("--burst", type=int, default=512, help="refused: frames per burst")
+    parser.add_argument(
+        "--varying", action="store_true", help="refused: frames whose structure changes (no shape holds)"
+    )
     args = parser.parse_args(argv)
     if not sys.platform.startswith("linux"):
         parser.error("needs Linux (/proc)")
     with tempfile.TemporaryDirectory(prefix="edgeserve-loopcost-") as tmp:
         served = measure(args, Path(tmp), refused=False)
         refused = measure(args, Path(tmp), refused=True)
-    print(f"model {args.model}, {args.connections} UNIX connections; loop = the server's event-loop thread")
+    kind = "frames of changing structure" if args.varying else "frames alike but for id and tensor"
+    print(
+        f"model {args.model}, {args.connections} UNIX connections, refused: {kind}; "
+        "loop = the server's event-loop thread"
+    )
     print(
         f"served : {served['per_s']:8.0f} req/s  loop {served['loop_us']:6.1f} us/request  "
         f"executor {served['executor_us']:6.1f} us/request"
