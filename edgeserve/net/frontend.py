@@ -212,6 +212,11 @@ class RefusalFrame:
         return out.tobytes()
 
 
+def _backoff(fruitless: int) -> int:
+    """How many times the wait before the next block and learning doubles (see MAX_BACKOFF)."""
+    return min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
+
+
 def pack_id(request_id: int) -> bytes:
     """msgpack's encoding of an id (0 .. 2^63-1), as msgpack.packb writes it, without a Packer."""
     if request_id < 0x80:
@@ -800,7 +805,7 @@ class Connection(asyncio.Protocol):
         lengths = self._shapes.lengths
         wait, since, unmatched = self._shape_wait, self._since_learn, self._unmatched
         fruitless = self._fruitless
-        backoff = min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
+        backoff = _backoff(fruitless)
         blocks = single = block_cost = 0
         while budget is None or single < (budget - block_cost) * REFUSALS_PER_FRAME:
             if size - pos < header:
@@ -849,7 +854,7 @@ class Connection(asyncio.Protocol):
                 since, unmatched = 0, False
                 wait = wait if backoff else 0
                 fruitless += 1
-                backoff = min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
+                backoff = _backoff(fruitless)
             pos = end
         self._shape_wait, self._since_learn, self._unmatched = wait, since, unmatched
         self._fruitless = fruitless
@@ -870,10 +875,7 @@ class Connection(asyncio.Protocol):
         with memoryview(buffer) as view:  # no copy (released before the buffer is cut)
             count, groups = self._shapes.match(view[pos : pos + most * length], length)
         for shape, ids in groups:
-            refusal = frontend.window_refusals.get((shape.model, shape.priority))
-            if refusal is None:
-                refusal = frontend.window_refusal(shape.model, shape.priority)
-            self._out.append(refusal.frames(ids))
+            self._out.append(frontend.window_refusal(shape.model, shape.priority).frames(ids))
         return count
 
     def _on_fast(

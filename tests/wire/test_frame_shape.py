@@ -79,9 +79,8 @@ def test_interleaved_models_and_priorities_are_told_apart() -> None:
         by_length.setdefault(len(f), []).append(k)
     for indices in by_length.values():  # the frame with a priority is longer
         run = [frames[k] for k in indices]
-        count, _ = shapes.match(b"".join(run), len(run[0]))
+        count, groups = shapes.match(b"".join(run), len(run[0]))
         assert count == len(run)
-        groups = shapes.match(b"".join(run), len(run[0]))[1]
         for shape, rows in groups:
             for row in rows:
                 k = msgpack.unpackb(row.tobytes()) - 70_000
