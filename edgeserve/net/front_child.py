@@ -70,6 +70,10 @@ class RemoteServer:
         self.link = link
         self.stopping = False
         self._replies: dict[int, Callable[[Result], object]] = {}
+        # The fronts' (hold, release) (Server.answers_together): the answers of one read of the
+        # link are held from the first and written at its end (release_answers, by the Link).
+        self._holders: list[tuple[Callable[[], None], Callable[[], None]]] = []
+        self._holding = False
         self._token = 0
         self._way_back = 0.0  # EWMA, seconds
         self.way_back_s = 0.0  # as held, added to each request's reply margin
@@ -86,6 +90,15 @@ class RemoteServer:
     def run_completed(self) -> None:
         """Before a connection reads: take the answers that have arrived (they free its window)."""
         self.link.pump()
+
+    def answers_together(self, hold: Callable[[], None], release: Callable[[], None]) -> None:
+        self._holders.append((hold, release))
+
+    def release_answers(self) -> None:
+        if self._holding:
+            self._holding = False
+            for _, release in self._holders:
+                release()
 
     def enqueue(
         self,
@@ -118,6 +131,10 @@ class RemoteServer:
         if reply is None:
             _log.error("an answer for no request came from the server process (token %s)", record[0])
             return
+        if not self._holding:
+            self._holding = True
+            for hold, _ in self._holders:
+                hold()
         reply(result_of(record))
 
     def abandon(self) -> None:
@@ -131,12 +148,16 @@ class FrontChild:
     """The front process's state: the link, the Frontend, its listeners, the shutdown steps."""
 
     def __init__(self, sock: socket.socket) -> None:
-        self.link = Link(sock, self._on_record)
+        self.link = Link(sock, self._on_record, after_records=self._after_records)
         self.setup: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         self.controls: asyncio.Queue[Record] = asyncio.Queue()
         self.remote: RemoteServer | None = None
         self.frontend: Frontend | None = None
         self.listeners: Listeners | None = None
+
+    def _after_records(self) -> None:
+        if self.remote is not None:
+            self.remote.release_answers()
 
     def _on_record(self, record: Record) -> None:
         if type(record[0]) is int:

@@ -35,13 +35,16 @@ class Link:
     """One end of the stream: `on_record` gets each record read; `send` queues one, and the
     records queued in a loop turn leave in one write (the rest, if the socket is full, when it
     drains). `closed` is set when the other end has gone. `before_read` runs before each read
-    the loop makes (the server process answers the batches that ended first: Server.run_completed)."""
+    the loop makes (the server process answers the batches that ended first: Server.run_completed),
+    `after_records` after the records of a read were handed over (the front process writes the
+    answers they brought: RemoteServer.release_answers)."""
 
     def __init__(
         self,
         sock: socket.socket,
         on_record: Callable[[Record], None],
         before_read: Callable[[], None] | None = None,
+        after_records: Callable[[], None] | None = None,
     ) -> None:
         sock.setblocking(False)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -55,6 +58,7 @@ class Link:
         self._out: list[bytes] = []
         self._pending = b""  # written in part: the socket was full
         self._before_read = before_read
+        self._after_records = after_records
         self._loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
@@ -81,6 +85,8 @@ class Link:
                 break
         for record in self._unpacker:
             self.on_record(record)
+        if self._after_records is not None:
+            self._after_records()
 
     def send(self, record: Record) -> None:
         if self.closed.is_set():

@@ -243,6 +243,8 @@ class ServerPort(Protocol):
 
     def run_completed(self) -> None: ...
 
+    def answers_together(self, hold: Callable[[], None], release: Callable[[], None]) -> None: ...
+
     def enqueue(
         self,
         model: str,
@@ -273,6 +275,11 @@ class Frontend:
         self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
         self._refusals: dict[tuple[object, ...], RefusalFrame] = {}
         self.window_refusals: dict[tuple[str, int | None], RefusalFrame] = {}  # by model, priority
+        # While the server hands out a batch's answers (holding > 0), connections keep theirs and
+        # write them all at the release, one write each (Server.answers_together).
+        self.holding = 0
+        self.held: list[Connection] = []
+        server.answers_together(self.hold_answers, self.release_answers)
 
     def window_refusal(self, model: str, priority: int | None) -> RefusalFrame:
         """The cached frame of a `rejected` past a connection's window (bounded like `refusal`)."""
@@ -294,6 +301,16 @@ class Frontend:
                 self._refusals.clear()
             frame = self._refusals[key] = RefusalFrame.of(result, priority)
         return frame
+
+    def hold_answers(self) -> None:
+        self.holding += 1
+
+    def release_answers(self) -> None:
+        self.holding -= 1
+        if self.holding == 0 and self.held:
+            held, self.held = self.held, []
+            for connection in held:
+                connection.write_held()
 
     @property
     def specs(self) -> dict[str, SampleSpec]:
@@ -431,6 +448,7 @@ class Connection(asyncio.Protocol):
         self._backlog = False  # by the read side: frames left in the buffer for the next turn
         self._eof = False
         self._out: list[bytes] = []  # frames to write at the end of this loop turn
+        self._held = False  # on the frontend's list of connections holding answers (release_answers)
         self._stopped = False  # shutdown: no more reading
         self._reading = False  # inside _read_frames (an answer given there must not close under it)
         self._over_window = 0  # frames refused past the window in the current read
@@ -1008,11 +1026,21 @@ class Connection(asyncio.Protocol):
         connection), time its client counts against the deadline."""
         if self.transport is None or self._closing:
             return
-        if self._out:
+        if self.frontend.holding:  # more answers of the batch follow: one write at the release
+            if not self._held:
+                self._held = True
+                self.frontend.held.append(self)
+            self._out.append(frame)
+        elif self._out:
             self._out.append(frame)
             self._flush()
         else:
             self.transport.write(frame)
+
+    def write_held(self) -> None:
+        """The held answers leave, with what was queued before them (Frontend.release_answers)."""
+        self._held = False
+        self._flush()
 
     def _send(self, message: dict[str, Any]) -> None:
         self._write(encode_frame(message))

@@ -174,6 +174,9 @@ def test_decoder_survives_arbitrary_chunking_of_arbitrary_bytes(chunks: list[byt
         def run_completed(self) -> None:  # no batches: nothing ever completes
             pass
 
+        def answers_together(self, hold: object, release: object) -> None:
+            pass
+
     from edgeserve.config.server import ListenConfig
 
     async def feed() -> bytes:  # on a loop: answers leave at the end of each loop turn

@@ -17,7 +17,7 @@ from tiny_onnx import TinyModel
 
 from edgeserve.config.server import PreprocessConfig
 from edgeserve.loop import run
-from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT
+from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT, Connection
 from edgeserve.net.preprocess import preprocess_frame
 from edgeserve.wire.client import AsyncClient, BlockingClient, Reply, ServerRefused
 from edgeserve.wire.frames import HEADER, encode_frame
@@ -132,6 +132,40 @@ def test_requests_beyond_the_in_flight_limit_are_rejected_and_every_id_is_answer
     assert len(served_ok) >= 3 and len(rejected) >= 1
     assert len(served_ok) + len(rejected) == 12
     assert all(r.error == TOO_MANY_IN_FLIGHT for r in rejected)
+
+
+def test_the_answers_of_one_batch_leave_in_one_write_per_connection(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Server.answers_together: a batch's answers to one connection are written at once (one
+    syscall and one wake-up of its client, not one per answer), each with its own reference logits."""
+    writes: list[int] = []  # answer frames per write of a held connection
+    write_held = Connection.write_held
+
+    def counting(self: Connection) -> None:
+        writes.append(len(self._out))
+        write_held(self)
+
+    monkeypatch.setattr(Connection, "write_held", counting)
+    root, models = served
+    tiny = models["tiny_a"]
+    xs = tiny.random_input(12, seed=5)
+    factory = HookedFactory(delay_s=0.2)  # the rest queue behind the first batch, then go as one
+    with server_thread(net_config(config_dict(root), tmp_path, max_in_flight=16), factory) as srv:
+
+        async def main() -> list[Reply]:
+            async with await AsyncClient.connect(srv.unix_url) as client:
+                return list(await asyncio.gather(*(client.send("tiny_a", x) for x in xs)))
+
+        replies = run(main())
+    assert sorted(r.id for r in replies) == list(range(12))
+    for reply, x in zip(sorted(replies, key=lambda r: r.id), xs, strict=True):
+        _assert_reference(reply, tiny, x)
+    assert factory.backend is not None
+    biggest = max(size for _, _, size in factory.backend.spans)
+    assert biggest > 1, factory.backend.spans
+    assert max(writes) >= biggest, (writes, factory.backend.spans)
+    assert len(writes) < 12, writes
 
 
 def test_the_listen_reply_margin_is_kept_for_the_answers_way_back(served, tmp_path: Path) -> None:
