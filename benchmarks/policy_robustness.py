@@ -9,6 +9,8 @@ paper's RTX 3080 profile (synthetic) and on profiles measured on this machine's 
 A rival *beats* the default on a workload when it has fewer violations by more than
 max(0.05 point, 10 % of the default's) at an accuracy no lower than the default's minus 0.5 point
 (means over seeds). Regret = default's violations - the best such rival's (0 if none qualifies).
+Each beaten cell also says in what share of paired bootstrap resamples of its seeds the verdict
+still holds: below ~95 %, which seeds were drawn may be what decided it.
 
     nice -n 19 .venv/bin/python benchmarks/policy_robustness.py --seeds 3 --jobs 2   # ~25 min, 2 cores
     .venv/bin/python benchmarks/policy_robustness.py --quick                         # ~2 min subset
@@ -201,6 +203,29 @@ def beaten(default: dict, rival: dict) -> bool:
     )
 
 
+def verdict_support(rows: list[dict], cell: tuple, default: str, rival: str, draws: int = 2000) -> float:
+    """How often `beaten(default, rival)` still holds when the cell's seeds are resampled (paired,
+    with replacement): near 1, the loss is the policies'; near 0.5 or below, which seeds were
+    drawn decides it (a few heavy-tailed service times, or one burst, move a cell's mean)."""
+    fields = ("violation_pct", "accuracy_pct")
+    per_seed: dict[str, dict[int, dict]] = {default: {}, rival: {}}
+    for r in rows:
+        if (r["profile"], r["workload"], r["load"]) == cell and r["policy"] in per_seed:
+            per_seed[r["policy"]][r["seed"]] = r
+    seeds = sorted(set(per_seed[default]) & set(per_seed[rival]))
+    mine = np.array([[per_seed[default][s][f] for f in fields] for s in seeds])
+    theirs = np.array([[per_seed[rival][s][f] for f in fields] for s in seeds])
+    picks = np.random.default_rng(0).integers(0, len(seeds), size=(draws, len(seeds)))
+    held = sum(
+        beaten(
+            dict(zip(fields, mine[i].mean(axis=0), strict=True)),
+            dict(zip(fields, theirs[i].mean(axis=0), strict=True)),
+        )
+        for i in picks
+    )
+    return held / draws
+
+
 def aggregate(rows: list[dict]) -> dict[tuple, dict]:
     """Means over seeds per (profile, workload, load, policy)."""
     groups: dict[tuple, list[dict]] = {}
@@ -386,15 +411,24 @@ def main(argv: list[str] | None = None) -> int:
     cells = {k: v for k, v in cells.items() if all((*k[:3], p) in cells for p in policies)}
     regrets = report(cells, default, policies)
     lost = [r for r in regrets if r["beaten"]]
+    for r in lost:
+        r["support"] = verdict_support(
+            rows, (r["profile"], r["workload"], r["load"]), default, r["best_rival"]
+        )
     print(f"\n{default} beaten clearly in {len(lost)} of {len(regrets)} cells", end="")
     print(
         ""
         if not lost
         else ": "
         + "; ".join(
-            f"{r['profile'].split(' ')[0]} {r['workload']} {r['load']:g}x by {r['best_rival']}" for r in lost
+            f"{r['profile'].split(' ')[0]} {r['workload']} {r['load']:g}x by {r['best_rival']}"
+            f" (holds in {100 * r['support']:.0f} % of seed resamples)"
+            for r in lost
         )
     )
+    if lost:
+        firm = sum(r["support"] >= 0.95 for r in lost)
+        print(f"{firm} of the {len(lost)} hold in at least 95 % of resamples of the seeds (paired bootstrap)")
     print(f"max regret {max(r['regret'] for r in regrets):.3f} points")
     summary(cells, regrets, default, policies)
     if args.plot:
