@@ -306,7 +306,7 @@ class Frontend:
         self.holding += 1
 
     def release_answers(self) -> None:
-        self.holding -= 1
+        self.holding = max(self.holding - 1, 0)  # a release without its hold must not hold forever
         if self.holding == 0 and self.held:
             held, self.held = self.held, []
             for connection in held:

@@ -163,7 +163,7 @@ class Server:
         self._kicked_at = 0.0
         self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
         # (hold, release) of each front that writes the answers handed out together in one write
-        # per connection (answers_together); _holding counts the open hold scopes.
+        # per connection (answers_together).
         self._answer_holders: list[tuple[Callable[[], None], Callable[[], None]]] = []
         self._plan_lag = 0.0  # the two EWMAs above as the plans use them (held: PLAN_LAG_STEP_S)
         # The queues and the busy state are shared with the executor thread, which decides the
