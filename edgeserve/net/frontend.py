@@ -278,7 +278,7 @@ class Frontend:
         # While the server hands out a batch's answers (holding > 0), connections keep theirs and
         # write them all at the release, one write each (Server.answers_together).
         self.holding = 0
-        self.held: list[Connection] = []
+        self.held: set[Connection] = set()
         server.answers_together(self.hold_answers, self.release_answers)
 
     def window_refusal(self, model: str, priority: int | None) -> RefusalFrame:
@@ -308,7 +308,7 @@ class Frontend:
     def release_answers(self) -> None:
         self.holding = max(self.holding - 1, 0)  # a release without its hold must not hold forever
         if self.holding == 0 and self.held:
-            held, self.held = self.held, []
+            held, self.held = self.held, set()
             for connection in held:
                 connection.write_held()
 
@@ -448,7 +448,6 @@ class Connection(asyncio.Protocol):
         self._backlog = False  # by the read side: frames left in the buffer for the next turn
         self._eof = False
         self._out: list[bytes] = []  # frames to write at the end of this loop turn
-        self._held = False  # on the frontend's list of connections holding answers (release_answers)
         self._stopped = False  # shutdown: no more reading
         self._reading = False  # inside _read_frames (an answer given there must not close under it)
         self._over_window = 0  # frames refused past the window in the current read
@@ -1027,9 +1026,7 @@ class Connection(asyncio.Protocol):
         if self.transport is None or self._closing:
             return
         if self.frontend.holding:  # more answers of the batch follow: one write at the release
-            if not self._held:
-                self._held = True
-                self.frontend.held.append(self)
+            self.frontend.held.add(self)
             self._out.append(frame)
         elif self._out:
             self._out.append(frame)
@@ -1039,7 +1036,6 @@ class Connection(asyncio.Protocol):
 
     def write_held(self) -> None:
         """The held answers leave, with what was queued before them (Frontend.release_answers)."""
-        self._held = False
         self._flush()
 
     def _send(self, message: dict[str, Any]) -> None:
