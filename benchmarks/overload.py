@@ -22,6 +22,7 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --seconds 5 --capacity-seconds 4 --plot out/overload.png
     .venv/bin/python benchmarks/overload.py --levels 1 10 --deadline-ms 20 --json out/overload.json
     .venv/bin/python benchmarks/overload.py --late-tasks expire --capacity 12000   # fixed offered rates
+    .venv/bin/python benchmarks/overload.py --connections 16 --no-fairness         # many clients
 """
 
 from __future__ import annotations
@@ -416,6 +417,7 @@ def write_config(
         'unix_mode = "0600"',
         f'tcp = "127.0.0.1:{ports[0]}"',
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
+        *([f"max_in_flight_total = {args.max_in_flight_total}"] if args.max_in_flight_total else []),
         *([f"reply_margin_ms = {args.reply_margin_ms}"] if args.reply_margin_ms is not None else []),
         *([f"front_process = {str(args.front == 'process').lower()}"] if args.front else []),
     ]
@@ -455,6 +457,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
+    parser.add_argument(
+        "--max-in-flight-total", type=int, help="[listen] max_in_flight_total (default: the server's)"
+    )
     parser.add_argument(
         "--front",
         choices=("process", "loop"),

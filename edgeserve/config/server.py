@@ -43,6 +43,9 @@ DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 # Small on purpose: under overload each admitted request waits behind the others in flight, and
 # with 8 a connection's burst stays within a deadline (benchmarks/overload.py, docs/runtime.md).
 DEFAULT_MAX_IN_FLIGHT = 8
+# Requests in flight on all connections together, in windows of listen.max_in_flight: at that
+# total each connection keeps an even share (docs/runtime.md, "An even share of an in-flight total").
+DEFAULT_TOTAL_WINDOWS = 4
 DEFAULT_MAX_CONNECTIONS = 256  # socket-protocol connections, all listeners together
 DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 192  # a flood on one listener leaves 64 slots to the others
 DEFAULT_MAX_HELLO_BYTES = 4096  # the largest frame accepted before the hello (a hello is tiny)
@@ -102,6 +105,9 @@ class ListenConfig:
     token: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    # At this many in flight on all connections, each connection's window is its even share
+    # (None: DEFAULT_TOTAL_WINDOWS windows of max_in_flight; see in_flight_total).
+    max_in_flight_total: int | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_listener: int = DEFAULT_MAX_CONNECTIONS_PER_LISTENER
     max_hello_bytes: int = DEFAULT_MAX_HELLO_BYTES
@@ -115,6 +121,14 @@ class ListenConfig:
     # overload it does not hold the GIL the executor thread needs; pays on boxes with cores to
     # spare, costs a hop per request (docs/runtime.md, "The front in a process of its own").
     front_process: bool = False
+
+    @property
+    def in_flight_total(self) -> int:
+        """max_in_flight_total, or by default DEFAULT_TOTAL_WINDOWS windows of max_in_flight: up to
+        that many pipelining connections nothing is refused before its own window is full."""
+        if self.max_in_flight_total is not None:
+            return self.max_in_flight_total
+        return DEFAULT_TOTAL_WINDOWS * self.max_in_flight
 
 
 @dataclass(frozen=True)
@@ -352,6 +366,7 @@ def _listen(data: Any) -> ListenConfig:
         "token",
         "max_frame_bytes",
         "max_in_flight",
+        "max_in_flight_total",
         "max_connections",
         "max_connections_per_listener",
         "max_hello_bytes",
@@ -389,6 +404,9 @@ def _listen(data: Any) -> ListenConfig:
             data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
         ),
         max_in_flight=positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
+        max_in_flight_total=None
+        if data.get("max_in_flight_total") is None
+        else positive_int(data["max_in_flight_total"], "listen.max_in_flight_total"),
         max_connections=positive_int(
             data.get("max_connections", DEFAULT_MAX_CONNECTIONS), "listen.max_connections"
         ),

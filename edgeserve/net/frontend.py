@@ -270,6 +270,7 @@ class Frontend:
         self.per_listener: dict[str, int] = {}  # admitted open connections by listener ("unix", "tcp")
         self.write_high_water = WRITE_HIGH_WATER  # bytes buffered for one client before reading pauses
         self.in_flight = 0  # accepted requests not answered yet, all connections
+        self.busy = 0  # connections with requests in flight: they share max_in_flight_total
         self._drained: asyncio.Event | None = None  # set when in_flight reaches 0 (drain waits on it)
         self._all_closed: asyncio.Event | None = None  # set when the last connection is lost
         self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
@@ -797,10 +798,17 @@ class Connection(asyncio.Protocol):
         )
 
     def _window(self) -> int:
-        """How many requests this connection may have in flight now (FLOOD_WINDOW after a hold)."""
+        """How many requests this connection may have in flight now: an even share of
+        max_in_flight_total among the connections that have some (at least 1, at most
+        max_in_flight), FLOOD_WINDOW after a hold."""
         if self._last_data < self._small_window_until:
             return FLOOD_WINDOW
-        return self.frontend.listen.max_in_flight
+        frontend = self.frontend
+        listen = frontend.listen
+        total = listen.in_flight_total
+        if frontend.in_flight < total:
+            return listen.max_in_flight
+        return max(1, min(listen.max_in_flight, total // max(frontend.busy, 1)))
 
     def _refuse_run(self, buffer: bytearray, pos: int, size: int, budget: int | None) -> tuple[int, int]:
         """Refuse the complete frames from `pos` on, the window being full, within `budget` frames
@@ -909,6 +917,8 @@ class Connection(asyncio.Protocol):
         frontend.stats.requests += 1
         self._in_flight += 1
         frontend.in_flight += 1
+        if self._in_flight == 1:
+            frontend.busy += 1
         reply = functools.partial(self._on_answer, request_id, priority)
         try:
             frontend.server.enqueue(
@@ -928,6 +938,8 @@ class Connection(asyncio.Protocol):
         frontend.stats.requests += 1
         self._in_flight += 1
         frontend.in_flight += 1
+        if self._in_flight == 1:
+            frontend.busy += 1
         reply = functools.partial(self._on_answer, request.id, request.priority)
         config = frontend.server.config.models.get(request.model)
         try:
@@ -991,6 +1003,8 @@ class Connection(asyncio.Protocol):
         """Write a request's answer (exactly one per accepted request; the Server calls it once)."""
         self._in_flight -= 1
         self.frontend.answered()
+        if self._in_flight == 0:
+            self.frontend.busy -= 1
         if result.status is Status.EXPIRED and result.refused:
             self.frontend.stats.expired_on_arrival += 1
         self._answer(request_id, result, priority)

@@ -171,7 +171,7 @@ def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path
         "[models.digits-m]\nslo_ms = 10\n"
         '[models.digits-m.preprocess]\nresize = [28, 28]\nmean = [0.5]\nstd = [0.25]\nchannels = "gray"\n'
         '[listen]\nunix = "run/edgeserve.sock"\nunix_mode = "0600"\ntcp = ":7070"\ntoken = "t0k"\n'
-        "max_frame_bytes = 65536\nmax_in_flight = 4\n"
+        "max_frame_bytes = 65536\nmax_in_flight = 4\nmax_in_flight_total = 12\n"
     )
     config = ServerConfig.from_toml(path)
     assert config.listen == ListenConfig(
@@ -181,12 +181,21 @@ def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path
         token="t0k",
         max_frame_bytes=65536,
         max_in_flight=4,
+        max_in_flight_total=12,
     )
     assert config.models["digits-m"].preprocess == PreprocessConfig(
         resize=(28, 28), mean=(0.5,), std=(0.25,), channels="gray"
     )
     default = ServerConfig.from_dict(_minimal())
     assert default.listen == ListenConfig() and default.models["digits-m"].preprocess is None
+
+
+def test_the_in_flight_total_defaults_to_four_windows() -> None:
+    from edgeserve.config.server import ListenConfig
+
+    assert ListenConfig().in_flight_total == 32
+    assert ListenConfig(max_in_flight=64).in_flight_total == 256  # one client pipelining deep: not capped
+    assert ListenConfig(max_in_flight=64, max_in_flight_total=40).in_flight_total == 40
 
 
 @pytest.mark.parametrize(
@@ -198,6 +207,7 @@ def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path
         ({"unix_mode": 660}, "listen.unix_mode"),
         ({"max_frame_bytes": 10}, "listen.max_frame_bytes: must be an integer >= 64"),
         ({"max_in_flight": 0}, "listen.max_in_flight"),
+        ({"max_in_flight_total": 0}, "listen.max_in_flight_total: must be an integer >= 1"),
         ({"token": ""}, "listen.token: must be a non-empty string"),
         ({"port": 1}, "listen.port: unknown key"),
     ],

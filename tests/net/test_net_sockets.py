@@ -134,6 +134,36 @@ def test_requests_beyond_the_in_flight_limit_are_rejected_and_every_id_is_answer
     assert all(r.error == TOO_MANY_IN_FLIGHT for r in rejected)
 
 
+def test_at_the_in_flight_total_each_connection_keeps_an_even_share(served, tmp_path: Path) -> None:
+    """listen.max_in_flight_total: once the connections together have that many requests in
+    flight, each may have no more than its even share of it, so a second greedy connection gets
+    half the total (not max_in_flight) and the first, already at the total, gets no more."""
+    root, models = served
+    xs = models["tiny_a"].random_input(8, seed=9)
+    factory = HookedFactory(delay_s=1.0)  # what is accepted stays in flight while both send
+    config = net_config(config_dict(root), tmp_path, max_in_flight=4, max_in_flight_total=4)
+    with server_thread(config, factory) as srv:
+
+        async def main() -> tuple[list[Reply], list[Reply]]:
+            async with (
+                await AsyncClient.connect(srv.unix_url, respect_window=False) as first,
+                await AsyncClient.connect(srv.tcp_url, respect_window=False) as second,
+            ):
+                sent_first = [first.send("tiny_a", x) for x in xs]
+                done, _ = await asyncio.wait(sent_first, timeout=0.5)  # the refusals come at once
+                assert len(done) == 4
+                sent_second = [second.send("tiny_a", x) for x in xs]
+                return list(await asyncio.gather(*sent_first)), list(await asyncio.gather(*sent_second))
+
+        replies_first, replies_second = run(main())
+    for replies, served_ok in ((replies_first, 4), (replies_second, 2)):
+        assert sorted(r.id for r in replies) == list(range(8))  # every id answered once
+        assert [r.status for r in replies] == ["ok"] * served_ok + ["rejected"] * (8 - served_ok)
+        assert all(r.error == TOO_MANY_IN_FLIGHT for r in replies[served_ok:])
+        for reply, x in zip(replies[:served_ok], xs, strict=False):
+            _assert_reference(reply, models["tiny_a"], x)
+
+
 def test_the_answers_of_one_batch_leave_in_one_write_per_connection(
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
