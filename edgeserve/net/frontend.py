@@ -798,9 +798,9 @@ class Connection(asyncio.Protocol):
         )
 
     def _window(self) -> int:
-        """How many requests this connection may have in flight now: an even share of
-        max_in_flight_total among the connections that have some (at least 1, at most
-        max_in_flight), FLOOD_WINDOW after a hold."""
+        """How many requests this connection may have in flight now: max_in_flight while all
+        connections together have fewer than the in-flight total, then an even share of that
+        total among the connections that have some (at least 1); FLOOD_WINDOW after a hold."""
         if self._last_data < self._small_window_until:
             return FLOOD_WINDOW
         frontend = self.frontend
