@@ -903,6 +903,15 @@ class Connection(asyncio.Protocol):
             self._out.append(frontend.window_refusal(shape.model, shape.priority).frames(ids))
         return count
 
+    def _accept(self) -> None:
+        """Count a request that will be answered (it now holds a place in the window)."""
+        frontend = self.frontend
+        frontend.stats.requests += 1
+        self._in_flight += 1
+        frontend.in_flight += 1
+        if self._in_flight == 1:
+            frontend.busy += 1
+
     def _on_fast(
         self,
         request_id: int,
@@ -914,11 +923,7 @@ class Connection(asyncio.Protocol):
     ) -> None:
         """A request that passed fast_infer: straight to the Server, its answer to `_on_answer`."""
         frontend = self.frontend
-        frontend.stats.requests += 1
-        self._in_flight += 1
-        frontend.in_flight += 1
-        if self._in_flight == 1:
-            frontend.busy += 1
+        self._accept()
         reply = functools.partial(self._on_answer, request_id, priority)
         try:
             frontend.server.enqueue(
@@ -935,11 +940,7 @@ class Connection(asyncio.Protocol):
 
     def _on_request(self, request: InferRequest) -> None:
         frontend = self.frontend
-        frontend.stats.requests += 1
-        self._in_flight += 1
-        frontend.in_flight += 1
-        if self._in_flight == 1:
-            frontend.busy += 1
+        self._accept()
         reply = functools.partial(self._on_answer, request.id, request.priority)
         config = frontend.server.config.models.get(request.model)
         try:
