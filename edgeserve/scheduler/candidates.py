@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from edgeserve.scheduler.latency import ModelLatency
 
@@ -17,9 +17,9 @@ EXIT_RULES = ("adaptive", "final", "shallowest", "protective", "safe")
 TIE_RTOL = 1e-9
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """Serving queue `model` now: its batch, exit (position among allowed exits) and score."""
+class Candidate(NamedTuple):
+    """Serving queue `model` now: its batch, exit (position among allowed exits) and score.
+    (A NamedTuple: a decision makes one per queue, and the executor waits for the decision.)"""
 
     model: int
     exit_pos: int
@@ -57,15 +57,14 @@ def protective_exits(
     queues that this batch's shallowest exit would leave rescuable. The deepest exit within that
     limit is chosen; if none fits, the paper's rule decides.
     """
-    need = [m.by_batch[b - 1][0] for m, b in zip(models, batches, strict=True)]
+    spares = [s - m.by_batch[b - 1][0] for m, b, s in zip(models, batches, slacks, strict=True)]
     exits = []
     for i, (model, batch, slack) in enumerate(zip(models, batches, slacks, strict=True)):
         column = model.by_batch[batch - 1]
-        limit = slack
-        for j, (other_slack, other_need) in enumerate(zip(slacks, need, strict=True)):
-            spare = other_slack - other_need
-            if j != i and spare >= column[0]:  # j is still rescuable if this batch goes shallow
-                limit = min(limit, spare)
+        shallowest, limit = column[0], slack
+        for j, spare in enumerate(spares):
+            if shallowest <= spare < limit and j != i:  # j is still rescuable if this batch goes shallow
+                limit = spare
         pos = len(column) - 1
         while pos >= 0 and column[pos] > limit:
             pos -= 1

@@ -41,13 +41,18 @@ def fast_candidates(
 ) -> list[Candidate]:
     """One candidate per non-empty queue, in model order, as reference_candidates computes them."""
     if method == "auto":
-        factorisable = math.isfinite(urgency.clip) and all(q.uniform_budget is not None for q in queues if q)
-        live = [len(q) for q in queues if q]
+        factorisable = math.isfinite(urgency.clip)
+        tasks = live = 0
+        for queue in queues:
+            n = len(queue)
+            if n:
+                tasks += n
+                live += 1
+                factorisable = factorisable and queue.uniform_budget is not None
         if not factorisable:
-            method = "loop" if sum(live) * len(live) <= SMALL_LOOP else "numpy-direct"
+            method = "loop" if tasks * live <= SMALL_LOOP else "numpy-direct"
         else:
-            small = sum(live) + 3 * len(live) ** 2 <= SMALL_STATE
-            method = "python" if small else "numpy-factorised"
+            method = "python" if tasks + 3 * live**2 <= SMALL_STATE else "numpy-factorised"
     if method == "python":
         return python_candidates(queues, now, latency, urgency, exit_rule, batch_cap)
     if method == "numpy-factorised":
