@@ -436,6 +436,7 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self.peer = "?"
         self._admitted = False  # counted in frontend.connections (not refused over the cap)
+        self._fd = -1  # the socket's descriptor while the transport is open (_transmit), else -1
         self._hello_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0  # loop.time() of the last bytes received
@@ -499,6 +500,8 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._fd = sock.fileno()  # plain bytes on a stream socket: see _transmit
         self.peer = str(transport.get_extra_info("peername") or "unix")
         frontend = self.frontend
         refusal = frontend.over_cap(self.listener)
@@ -519,6 +522,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self._fd = -1  # the transport closes the socket: its number may be reused
         self._cancel_timers()
         if not self._admitted:
             return  # refused over the cap: never counted
@@ -1047,7 +1051,30 @@ class Connection(asyncio.Protocol):
             self._out.append(frame)
             self._flush()
         else:
-            self.transport.write(frame)
+            self._transmit(frame)
+
+    def _transmit(self, data: bytes) -> None:
+        """Write `data` to the socket with the GIL released, then leave the rest to the transport.
+
+        uvloop's `transport.write` makes its send() while holding the GIL. Sending an answer
+        wakes the client, and on a busy box the woken client often takes the loop thread's core
+        in the middle of that call: the loop is then off its CPU for ~20 us per write, GIL in hand,
+        while the executor thread, its batch done, waits for the GIL to return from ONNX Runtime
+        and to decide the next batch. os.write releases the GIL for the syscall. It is used only
+        while the transport has nothing buffered (so the bytes keep their order); what the socket
+        does not take now, or an error, goes to transport.write, which buffers, applies the write
+        flow control, or reports the error and closes as before."""
+        transport = self.transport
+        assert transport is not None
+        if self._fd >= 0 and not transport.get_write_buffer_size() and not transport.is_closing():
+            try:
+                sent = os.write(self._fd, data)
+            except OSError:  # EAGAIN, or an error the transport's own write will meet and report
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        transport.write(data)
 
     def write_held(self) -> None:
         """The held answers leave, with what was queued before them (Frontend.release_answers)."""
@@ -1066,7 +1093,7 @@ class Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         if self._out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self._out))
+            self._transmit(b"".join(self._out))
         self._out.clear()
 
     def _fail(self, error: str, protocol_error: bool = True) -> None:
