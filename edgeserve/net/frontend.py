@@ -1056,7 +1056,7 @@ class Connection(asyncio.Protocol):
     def _transmit(self, data: bytes) -> None:
         """Write `data` to the socket with the GIL released, then leave the rest to the transport.
 
-        uvloop's `transport.write` makes its send() while holding the GIL. Sending an answer
+        uvloop's `transport.write` makes its write() syscall holding the GIL. Sending an answer
         wakes the client, and on a busy box the woken client often takes the loop thread's core
         in the middle of that call: the loop is then off its CPU for ~20 us per write, GIL in hand,
         while the executor thread, its batch done, waits for the GIL to return from ONNX Runtime
