@@ -40,7 +40,7 @@ from edgeserve.net.front_link import (
 )
 from edgeserve.net.frontend import Frontend
 from edgeserve.net.listeners import Listeners, open_listeners
-from edgeserve.runtime import Result, Status
+from edgeserve.runtime import AnswerHolders, Result, Status
 
 STATS_EVERY_S = 0.25  # how often the server process learns the front's counters (its /metrics)
 STOPPING = "server is stopped or shutting down"
@@ -72,7 +72,7 @@ class RemoteServer:
         self._replies: dict[int, Callable[[Result], object]] = {}
         # The fronts' (hold, release) (Server.answers_together): the answers of one read of the
         # link are held from the first and written at its end (release_answers, by the Link).
-        self._holders: list[tuple[Callable[[], None], Callable[[], None]]] = []
+        self._holders = AnswerHolders()
         self._holding = False
         self._token = 0
         self._way_back = 0.0  # EWMA, seconds
@@ -92,13 +92,12 @@ class RemoteServer:
         self.link.pump()
 
     def answers_together(self, hold: Callable[[], None], release: Callable[[], None]) -> None:
-        self._holders.append((hold, release))
+        self._holders.add(hold, release)
 
     def release_answers(self) -> None:
         if self._holding:
             self._holding = False
-            for _, release in self._holders:
-                release()
+            self._holders.release()
 
     def enqueue(
         self,
@@ -133,8 +132,7 @@ class RemoteServer:
             return
         if not self._holding:
             self._holding = True
-            for hold, _ in self._holders:
-                hold()
+            self._holders.hold()
         reply(result_of(record))
 
     def abandon(self) -> None:

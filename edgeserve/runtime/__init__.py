@@ -19,10 +19,12 @@ _EXPORTS = {
     "Status": "edgeserve.runtime.results",
     "RequestFailed": "edgeserve.runtime.results",
     "FrontendStats": "edgeserve.runtime.counters",
+    "AnswerHolders": "edgeserve.runtime.answer_holders",
     "Sample": "edgeserve.runtime.validation",
 }
 
 __all__ = [
+    "AnswerHolders",
     "BackendFactory",
     "BlockingServer",
     "FrontendStats",
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from edgeserve.runtime.answer_holders import AnswerHolders
     from edgeserve.runtime.blocking import BlockingServer
     from edgeserve.runtime.counters import FrontendStats
     from edgeserve.runtime.results import RequestFailed, Result, Status

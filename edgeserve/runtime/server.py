@@ -29,6 +29,7 @@ from edgeserve.config.server import BackendConfig, SchedulerConfig, ServerConfig
 from edgeserve.manifest import Manifest
 from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
+from edgeserve.runtime.answer_holders import AnswerHolders
 from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
@@ -162,9 +163,8 @@ class Server:
         self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
         self._kicked_at = 0.0
         self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
-        # (hold, release) of each front that writes the answers handed out together in one write
-        # per connection (answers_together).
-        self._answer_holders: list[tuple[Callable[[], None], Callable[[], None]]] = []
+        # The fronts that write the answers handed out together in one write per connection.
+        self._answer_holders = AnswerHolders()
         self._plan_lag = 0.0  # the two EWMAs above as the plans use them (held: PLAN_LAG_STEP_S)
         # The queues and the busy state are shared with the executor thread, which decides the
         # next batch itself as one ends (`_follow`): every change to them holds this lock
@@ -385,29 +385,18 @@ class Server:
         executor = self._executor
         if executor is not None:
             executor.step_aside(self._busy_until)
-            self._hold_answers()
+            self._answer_holders.hold()
             try:
                 executor.run_completed()
             finally:
-                self._release_answers()
+                self._answer_holders.release()
 
     def answers_together(self, hold: Callable[[], None], release: Callable[[], None]) -> None:
         """A front that can hold answers: the Server calls `hold()` before it hands out the answers
         of the batches that ended and `release()` after the last, so that the front writes each
         connection's answers in one write (one syscall and one wake-up of its client per batch,
         not per answer). Answers handed out otherwise (a refusal, a drop) are not held."""
-        self._answer_holders.append((hold, release))
-
-    def _hold_answers(self) -> None:
-        for hold, _ in self._answer_holders:
-            hold()
-
-    def _release_answers(self) -> None:
-        for _, release in self._answer_holders:
-            try:
-                release()
-            except Exception:  # as _deliver: one front's fault must not cost another's answers
-                _log.exception("a front failed to write the answers it held")
+        self._answer_holders.add(hold, release)
 
     def enqueue(
         self,
@@ -870,7 +859,7 @@ class Server:
             error = _outputs_problem(outputs, len(tasks))
         ran: dict[str, Any] = {"start": run.start, "batch_size": len(tasks)}
         names = self._output_names[m][exit]
-        self._hold_answers()
+        self._answer_holders.hold()
         try:
             for i, task in enumerate(tasks):
                 if error is not None or outputs is None:
@@ -880,7 +869,7 @@ class Server:
                     result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
                 self._finish(task, result)
         finally:
-            self._release_answers()
+            self._answer_holders.release()
         if inline:
             self._decide()
 
