@@ -69,6 +69,7 @@ from edgeserve.wire.frames import (
     fast_infer,
     id_of,
     message_type,
+    newest_frames_start,
     parse_hello,
     parse_infer,
 )
@@ -215,6 +216,24 @@ class RefusalFrame:
 def _backoff(fruitless: int) -> int:
     """How many times the wait before the next block and learning doubles (see MAX_BACKOFF)."""
     return min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
+
+
+def window(max_in_flight: int, total: int, in_flight: int, busy: int) -> int:
+    """A connection's window: `max_in_flight` while all connections together have fewer than
+    `total` requests in flight (`in_flight`), then an even share of `total` among the `busy`
+    connections (those with requests in flight), at least 1."""
+    if in_flight < total:
+        return max_in_flight
+    return max(1, min(max_in_flight, total // max(busy, 1)))
+
+
+def room(max_in_flight: int, total: int, mine: int, in_flight: int, busy: int) -> int:
+    """How many requests a connection with `mine` in flight may accept one after the other, its
+    `window` moving with each (the total grows, and its first makes it busy): up to the window
+    while under the total, then up to its share."""
+    under = min(max_in_flight - mine, total - in_flight)
+    share = max(1, min(max_in_flight, total // (busy + (mine == 0))))
+    return max(under, share - mine, 0)
 
 
 def pack_id(request_id: int) -> bytes:
@@ -574,7 +593,8 @@ class Connection(asyncio.Protocol):
     def _read_some(self, limit: int | None) -> None:
         listen = self.frontend.listen
         buffer = self._buffer
-        size, pos, handled = len(buffer), 0, 0
+        until, handled = self._serve_newest(limit) if self._greeted else (0, 0)
+        size, pos = len(buffer), 0
         while not self._closing and self._failing is None and size - pos >= HEADER.size:
             (length,) = HEADER.unpack_from(buffer, pos)
             if not self._greeted:  # an unauthenticated peer buffers a hello's worth, not a frame's
@@ -592,11 +612,14 @@ class Connection(asyncio.Protocol):
                 break
             if handled == limit:
                 break
-            if self._greeted and self._in_flight >= self._window():
-                pos, cost = self._refuse_run(buffer, pos, size, None if limit is None else limit - handled)
-                if cost:
-                    handled += cost
-                    continue
+            if self._greeted:
+                full = self._in_flight >= self._window()
+                if full or pos < until:  # (before `until`: older than the frames _serve_newest served)
+                    budget = None if limit is None else limit - handled
+                    pos, cost = self._refuse_run(buffer, pos, size if full else until, budget)
+                    if cost:
+                        handled += cost
+                        continue
             body = buffer[pos + HEADER.size : end]  # one copy; the buffer is trimmed once, below
             pos = end
             self._on_frame(body)
@@ -617,6 +640,42 @@ class Connection(asyncio.Protocol):
                 self._loop.call_soon(self._read_frames)
             return
         self._set_backlog(False)
+
+    def _serve_newest(self, limit: int | None) -> tuple[int, int]:
+        """The newest frames first: when the buffer holds more complete frames than this connection
+        has room for, serve the newest that fit, before anything else (so they reach the queues
+        before the executor's next decision), and take them out of the buffer. Under overload a
+        backlog waits in the kernel and its oldest frames would be answered late; camera streams
+        want the latest frame anyway. Returns where the older frames end, for `_read_some` to
+        refuse them next, and how many frames were served (0 and 0: read in order). Stops at a
+        frame that might close the connection (unreadable, no infer with a valid id): the frames
+        before it are answered first, in `_read_some`, which then reads that one."""
+        space = self._room() if limit is None else min(self._room(), limit)
+        buffer = self._buffer
+        until = newest_frames_start(buffer, len(buffer), space) if space > 0 else 0
+        if until == 0:
+            return 0, 0
+        max_frame = self.frontend.listen.max_frame_bytes
+        pos, served = until, 0
+        while len(buffer) - pos >= HEADER.size and not self._closing:
+            length = HEADER.unpack_from(buffer, pos)[0]
+            if length > max_frame:
+                break
+            end = pos + HEADER.size + length  # complete: newest_frames_start counted it
+            try:
+                message = decode_body(buffer[pos + HEADER.size : end], max_frame)
+            except ProtocolError:
+                break
+            if message.get("type") != "infer" or id_of(message) is None:
+                break
+            self._on_message(message)
+            served += 1
+            pos = end
+        if not served:  # the newest frame needs the general path: read in order then
+            return 0, 0
+        if not self._closing:
+            del buffer[until:pos]
+        return until, served
 
     def _count_refused(self, n: int) -> None:
         now = self._last_data
@@ -730,12 +789,17 @@ class Connection(asyncio.Protocol):
         """One frame. A readable id (after the hello) gets exactly one answer: `invalid` for a bad
         field, `error` if checking it failed unexpectedly, and the connection stays open; a frame
         that cannot be read, or has no readable id, gets an `error` message and a close."""
-        frontend = self.frontend
         try:
-            message = decode_body(body, frontend.listen.max_frame_bytes)
+            message = decode_body(body, self.frontend.listen.max_frame_bytes)
         except ProtocolError as exc:
             self._fail(str(exc))
             return
+        self._on_message(message)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        """A decoded frame (`_on_frame`); one with a valid id and type infer is always answered
+        here, never with a close (`_serve_newest` relies on it)."""
+        frontend = self.frontend
         if self._greeted:  # (past the window, _read_some refused it: _refuse_run)
             fast = fast_infer(message, frontend.specs)
             if fast is not None:
@@ -802,17 +866,21 @@ class Connection(asyncio.Protocol):
         )
 
     def _window(self) -> int:
-        """How many requests this connection may have in flight now: max_in_flight while all
-        connections together have fewer than the in-flight total, then an even share of that
-        total among the connections that have some (at least 1); FLOOD_WINDOW after a hold."""
+        """How many requests this connection may have in flight now (`window`); FLOOD_WINDOW after
+        a hold."""
         if self._last_data < self._small_window_until:
             return FLOOD_WINDOW
-        frontend = self.frontend
-        listen = frontend.listen
-        total = listen.in_flight_total
-        if frontend.in_flight < total:
-            return listen.max_in_flight
-        return max(1, min(listen.max_in_flight, total // max(frontend.busy, 1)))
+        frontend, listen = self.frontend, self.frontend.listen
+        return window(listen.max_in_flight, listen.in_flight_total, frontend.in_flight, frontend.busy)
+
+    def _room(self) -> int:
+        """How many requests this connection may accept now, one after the other (`room`)."""
+        if self._last_data < self._small_window_until:
+            return FLOOD_WINDOW - self._in_flight
+        frontend, listen = self.frontend, self.frontend.listen
+        return room(
+            listen.max_in_flight, listen.in_flight_total, self._in_flight, frontend.in_flight, frontend.busy
+        )
 
     def _refuse_run(self, buffer: bytearray, pos: int, size: int, budget: int | None) -> tuple[int, int]:
         """Refuse the complete frames from `pos` on, the window being full, within `budget` frames

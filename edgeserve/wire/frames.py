@@ -34,6 +34,7 @@ PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
 MAX_ID = 2**63 - 1
 MAX_MODEL_NAME = 256
+UNIFORM_RUN = 32  # in a mixed stream, frames from which newest_frames_start checks a run with numpy
 
 
 class ProtocolError(ValueError):
@@ -48,6 +49,58 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     """Length prefix + msgpack body (bin type for bytes)."""
     body = msgpack.packb(message, use_bin_type=True)
     return HEADER.pack(len(body)) + body
+
+
+def newest_frames_start(buffer: bytearray, size: int, count: int) -> int:
+    """Where the last `count` complete frames of buffer[:size] begin (0 if it holds no more than
+    `count`): a front that has room for `count` requests serves those and refuses the older ones.
+    Only the length headers are read, and a flood's frames are alike: whether all the frames left
+    have the length of the next one is one strided comparison per header byte, so a read of
+    hundreds of frames costs a few us; a mixed stream is walked frame by frame, with numpy over
+    runs of UNIFORM_RUN frames or more."""
+    runs: list[tuple[int, int, int]] = []  # (start, frame size, frames): the complete frames, in order
+    pos, mixed, unpack_from, header = 0, False, HEADER.unpack_from, HEADER.size
+    while size - pos >= header:
+        step = header + unpack_from(buffer, pos)[0]
+        if size - pos < step:
+            break
+        fit = (size - pos) // step
+        if fit > 1 and not mixed and _all_of_size(buffer, pos, step, fit):
+            same = fit
+        else:
+            mixed = mixed or fit > 1
+            same = _same_size_run(buffer, pos, step, fit) if fit >= UNIFORM_RUN else 1
+        runs.append((pos, step, same))
+        pos += same * step
+    left = count
+    for start, step, frames in reversed(runs):
+        if frames >= left:
+            return start + (frames - left) * step
+        left -= frames
+    return 0
+
+
+def _all_of_size(buffer: bytearray, pos: int, step: int, fit: int) -> bool:
+    """Whether the `fit` frames of `step` bytes that may follow from `pos` all have that size: each
+    header byte, taken from every frame by one strided slice, is that size's."""
+    head, stop = HEADER.pack(step - HEADER.size), pos + fit * step
+    return (
+        buffer[pos + 3 : stop : step] == head[3:4] * fit  # the low byte first: it differs most often
+        and buffer[pos + 2 : stop : step] == head[2:3] * fit
+        and buffer[pos + 1 : stop : step] == head[1:2] * fit
+        and buffer[pos:stop:step] == head[0:1] * fit
+    )
+
+
+def _same_size_run(buffer: bytearray, pos: int, step: int, fit: int) -> int:
+    """How many of the `fit` frames of `step` bytes that may follow from `pos` have that size, in a
+    row from the first."""
+    with memoryview(buffer) as view:  # no copy of the frames; the arrays go before the view does
+        frames = np.frombuffer(view[pos : pos + fit * step], dtype=np.uint8).reshape(fit, step)
+        lengths = np.ascontiguousarray(frames[:, : HEADER.size]).view(">u4").ravel()
+        del frames
+    other = np.flatnonzero(lengths != step - HEADER.size)
+    return fit if other.size == 0 else int(other[0])
 
 
 def decode_body(body: bytes, max_frame_bytes: int) -> dict[str, Any]:

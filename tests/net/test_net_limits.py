@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 import threading
 import time
@@ -290,6 +291,41 @@ def _answers(sock: socket.socket, count: int) -> dict[int, str]:
     return got
 
 
+def test_the_newest_frames_of_a_read_take_the_window_and_the_older_ones_are_refused(
+    served, tmp_path: Path
+) -> None:
+    """Latest-frame semantics: with room for two more requests, a read that brings thirty serves
+    the last two; the older twenty-eight are answered `rejected` at once, each exactly once."""
+    root, _ = served
+    factory = HookedFactory(delay_s=0.5)  # the first request holds a place while the rest arrive
+    config = net_config(config_dict(root), tmp_path, max_in_flight=3)
+    with server_thread(config, factory) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sock.sendall(encode_frame(valid_request(0)))
+        _wait_for(lambda: _on_loop(srv, lambda: srv.net.frontend.in_flight) == 1)
+        _flood(sock, 1, 30)  # one write: one read on the server's side
+        answers = _answers(sock, 31)
+    assert sorted(answers) == list(range(31))
+    assert sorted(k for k, status in answers.items() if status == "ok") == [0, 29, 30]
+    assert set(answers.values()) == {"ok", "rejected"}
+
+
+def test_room_is_what_the_window_admits_one_request_after_another() -> None:
+    """`room` (how many frames of one read a connection may accept) agrees with accepting them one
+    by one under `window`, whose even share moves as the connection's own accepts add up."""
+    for max_in_flight, total, mine, in_flight, busy in itertools.product(
+        range(1, 7), range(1, 26), range(0, 8), range(0, 30), range(0, 6)
+    ):
+        if mine > in_flight or busy > in_flight or (mine > 0 and busy == 0):
+            continue
+        accepted, ours, everyone, busy_now = 0, mine, in_flight, busy
+        while ours < frontend_module.window(max_in_flight, total, everyone, busy_now):
+            busy_now += ours == 0
+            ours, everyone, accepted = ours + 1, everyone + 1, accepted + 1
+        assert frontend_module.room(max_in_flight, total, mine, in_flight, busy) == accepted
+
+
 def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
     served, tmp_path: Path
 ) -> None:
@@ -395,7 +431,8 @@ def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_
     """Past its window a connection's frames are refused in one loop; a frame in the middle that
     is no infer with a valid id leaves that loop: a second hello gets `invalid` with its id, and
     an infer with no readable id closes the connection with an error, after every frame before
-    it got exactly one answer."""
+    it got exactly one answer. The window's room went to the newest frame of the read, 99, served
+    before the older ones were read."""
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=1)
     hello_again = encode_frame({"type": "hello", "version": 1, "id": 50})
@@ -411,9 +448,9 @@ def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_
             assert message["id"] not in answers, "an id was answered twice"
             answers[message["id"]] = message["status"]
         assert message is not None and message["type"] == "error" and "id" in message["error"]
-    assert sorted(answers) == [*range(40), 50]  # not 99: nothing after the broken frame is read
-    assert answers[50] == "invalid"
-    assert set(answers.values()) == {"ok", "rejected", "invalid"}
+    assert sorted(answers) == [*range(40), 50, 99]
+    assert answers[50] == "invalid" and answers[99] == "ok"
+    assert {answers[k] for k in range(40)} == {"rejected"}
 
 
 def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(

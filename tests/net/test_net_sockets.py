@@ -158,10 +158,12 @@ def test_at_the_in_flight_total_each_connection_keeps_an_even_share(served, tmp_
         replies_first, replies_second = run(main())
     for replies, served_ok in ((replies_first, 4), (replies_second, 2)):
         assert sorted(r.id for r in replies) == list(range(8))  # every id answered once
-        assert [r.status for r in replies] == ["ok"] * served_ok + ["rejected"] * (8 - served_ok)
-        assert all(r.error == TOO_MANY_IN_FLIGHT for r in replies[served_ok:])
-        for reply, x in zip(replies[:served_ok], xs, strict=False):
-            _assert_reference(reply, models["tiny_a"], x)
+        # (which ones are served depends on how the sends were read: the newest of a read first)
+        assert sum(r.status == "ok" for r in replies) == served_ok
+        assert all(r.error == TOO_MANY_IN_FLIGHT for r in replies if r.status != "ok")
+        for reply, x in zip(replies, xs, strict=True):
+            if reply.status == "ok":
+                _assert_reference(reply, models["tiny_a"], x)
 
 
 def test_the_answers_of_one_batch_leave_in_one_write_per_connection(

@@ -10,7 +10,16 @@ import pytest
 
 from edgeserve.config.server import PreprocessConfig
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame, resize
-from edgeserve.wire.frames import HEADER, ProtocolError, decode_body, encode_frame, parse_hello, parse_infer
+from edgeserve.wire.frames import (
+    HEADER,
+    UNIFORM_RUN,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    newest_frames_start,
+    parse_hello,
+    parse_infer,
+)
 from edgeserve.wire.tensors import DTYPES, TensorError, decode_tensor, encode_tensor
 
 
@@ -116,3 +125,35 @@ def test_preprocessing_fits_channels_last_and_uint8_image_inputs() -> None:
         preprocess_frame(frame, config, (4, 6, 5))
     with pytest.raises(PreprocessError, match="image input"):
         preprocess_frame(frame, config, (3, 4, 6), "int64")
+
+
+def _frame_starts(buffer: bytearray) -> list[int]:
+    """Where each complete frame of `buffer` starts, one header after another."""
+    starts, pos = [], 0
+    while len(buffer) - pos >= HEADER.size:
+        end = pos + HEADER.size + HEADER.unpack_from(buffer, pos)[0]
+        if end > len(buffer):
+            break
+        starts.append(pos)
+        pos = end
+    return starts
+
+
+def test_newest_frames_start_finds_the_last_frames_across_runs_of_any_length() -> None:
+    """Runs of one length long enough for the numpy check, broken by frames of other lengths (one
+    of them a header-only frame), with or without an incomplete frame at the end: the answer is
+    where the last `count` complete frames start, 0 when there are no more than `count`; the
+    buffer stays resizable (no view of it is left behind)."""
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        parts = []
+        for _ in range(int(rng.integers(0, 4))):
+            length = int(rng.choice([0, 3, 296]))
+            parts += [HEADER.pack(length) + bytes(length)] * int(rng.integers(1, 3 * UNIFORM_RUN))
+        buffer = bytearray(b"".join(parts))
+        buffer += [b"", b"\0\0", HEADER.pack(500) + bytes(100)][int(rng.integers(0, 3))]
+        starts = _frame_starts(buffer)
+        for count in (1, 2, 7, UNIFORM_RUN + 1, 500):
+            expected = starts[-count] if len(starts) > count else 0
+            assert newest_frames_start(buffer, len(buffer), count) == expected
+        buffer.clear()
