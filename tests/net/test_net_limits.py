@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import socket
 import threading
@@ -273,12 +274,15 @@ def test_refused_connections_hold_no_slot(served, tmp_path: Path) -> None:
 
 
 def _flood(sock: socket.socket, first_id: int, count: int) -> None:
+    sock.sendall(_flood_bytes(first_id, count))
+
+
+def _flood_bytes(first_id: int, count: int) -> bytes:
     x = encode_tensor(np.zeros((1, 8, 8), np.float32))
-    frames = [
+    return b"".join(
         encode_frame({"type": "infer", "id": first_id + k, "model": "tiny_a", "tensor": x})
         for k in range(count)
-    ]
-    sock.sendall(b"".join(frames))
+    )
 
 
 def _answers(sock: socket.socket, count: int) -> dict[int, str]:
@@ -309,6 +313,37 @@ def test_the_newest_frames_of_a_read_take_the_window_and_the_older_ones_are_refu
     assert sorted(answers) == list(range(31))
     assert sorted(k for k, status in answers.items() if status == "ok") == [0, 29, 30]
     assert set(answers.values()) == {"ok", "rejected"}
+
+
+def test_frames_older_than_the_served_ones_stay_refused_while_their_refusals_wait_a_turn(
+    served, tmp_path: Path
+) -> None:
+    """A full window's refusals wait for the next loop turn (other connections' newest frames go
+    first). If the window opens before they run, the frames older than those served are still
+    refused, never served late; every id gets exactly one answer."""
+    root, _ = served
+    factory = HookedFactory(delay_s=0.5)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=3)
+    with server_thread(config, factory) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sock.sendall(encode_frame(valid_request(0)))
+        _wait_for(lambda: _on_loop(srv, lambda: srv.net.frontend.in_flight) == 1)
+        flood = _flood_bytes(1, 30)
+
+        def read_then_widen() -> tuple[int, int]:
+            frontend = srv.net.frontend
+            (connection,) = frontend.connections
+            connection.data_received(flood)  # one read of thirty frames, as the socket brings them
+            left = (frontend.in_flight, frontend.refusing)
+            frontend.listen = dataclasses.replace(frontend.listen, max_in_flight=64)  # room opens
+            return left
+
+        assert _on_loop(srv, read_then_widen) == (3, 1)  # two served, the rest left for a turn
+        answers = _answers(sock, 31)
+        assert _on_loop(srv, lambda: srv.net.frontend.refusing) == 0
+    assert sorted(k for k, status in answers.items() if status == "ok") == [0, 29, 30]
+    assert sorted(answers) == list(range(31)) and set(answers.values()) == {"ok", "rejected"}
 
 
 def test_room_is_what_the_window_admits_one_request_after_another() -> None:
