@@ -10,7 +10,7 @@ import itertools
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -295,19 +295,26 @@ def _answers(sock: socket.socket, count: int) -> dict[int, str]:
     return got
 
 
+@contextlib.contextmanager
+def _one_request_running(served, tmp_path: Path) -> Iterator[tuple[ServerThread, socket.socket]]:
+    """A server allowing 3 in flight, and a greeted connection whose request 0 runs for 0.5 s (it
+    holds a place while the test's frames arrive)."""
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=3)
+    with server_thread(config, HookedFactory(delay_s=0.5)) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        sock.sendall(encode_frame(valid_request(0)))
+        _wait_for(lambda: _on_loop(srv, lambda: srv.net.frontend.in_flight) == 1)
+        yield srv, sock
+
+
 def test_the_newest_frames_of_a_read_take_the_window_and_the_older_ones_are_refused(
     served, tmp_path: Path
 ) -> None:
     """Latest-frame semantics: with room for two more requests, a read that brings thirty serves
     the last two; the older twenty-eight are answered `rejected` at once, each exactly once."""
-    root, _ = served
-    factory = HookedFactory(delay_s=0.5)  # the first request holds a place while the rest arrive
-    config = net_config(config_dict(root), tmp_path, max_in_flight=3)
-    with server_thread(config, factory) as srv, raw_connect(srv.unix_url) as sock:
-        sock.sendall(hello_frame())
-        assert read_frame(sock)["type"] == "hello"
-        sock.sendall(encode_frame(valid_request(0)))
-        _wait_for(lambda: _on_loop(srv, lambda: srv.net.frontend.in_flight) == 1)
+    with _one_request_running(served, tmp_path) as (_, sock):
         _flood(sock, 1, 30)  # one write: one read on the server's side
         answers = _answers(sock, 31)
     assert sorted(answers) == list(range(31))
@@ -321,14 +328,7 @@ def test_frames_older_than_the_served_ones_stay_refused_while_their_refusals_wai
     """A full window's refusals wait for the next loop turn (other connections' newest frames go
     first). If the window opens before they run, the frames older than those served are still
     refused, never served late; every id gets exactly one answer."""
-    root, _ = served
-    factory = HookedFactory(delay_s=0.5)
-    config = net_config(config_dict(root), tmp_path, max_in_flight=3)
-    with server_thread(config, factory) as srv, raw_connect(srv.unix_url) as sock:
-        sock.sendall(hello_frame())
-        assert read_frame(sock)["type"] == "hello"
-        sock.sendall(encode_frame(valid_request(0)))
-        _wait_for(lambda: _on_loop(srv, lambda: srv.net.frontend.in_flight) == 1)
+    with _one_request_running(served, tmp_path) as (srv, sock):
         flood = _flood_bytes(1, 30)
 
         def read_then_widen() -> tuple[int, int]:
