@@ -14,7 +14,8 @@ of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, t
 busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it waited for the GIL
 or a core), idle-gap and decision P50/P99 (n/a without those histograms),
 client and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
-fairness: one connection floods at 10x while another, from a second process, sends at 0.1x. Goals:
+fairness: one connection floods at 10x (`--flood`) while another, from a second process, sends at 0.1x.
+`--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
     make demo                                                      # once: digits models in ./engines
@@ -23,6 +24,7 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --levels 1 10 --deadline-ms 20 --json out/overload.json
     .venv/bin/python benchmarks/overload.py --late-tasks expire --capacity 12000   # fixed offered rates
     .venv/bin/python benchmarks/overload.py --connections 16 --no-fairness         # many clients
+    .venv/bin/python benchmarks/overload.py --split 0.7,0.1,0.1,0.1 --flood 3      # uneven clients
 """
 
 from __future__ import annotations
@@ -453,7 +455,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--capacity", type=float, help="req/s: use instead of the closed loop's ok/s")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between levels")
     parser.add_argument("--grace", type=float, default=2.0, help="drain: wait this long for answers")
+    parser.add_argument(
+        "--split",
+        type=lambda text: [float(x) for x in text.split(",")],
+        help="each connection's share of a level's load, e.g. 0.7,0.1,0.1,0.1 (default: even)",
+    )
     parser.add_argument("--no-fairness", action="store_true", help="skip the flood-vs-polite case")
+    parser.add_argument(
+        "--flood", type=float, default=10.0, help="fairness: the flood's rate, x capacity (default 10)"
+    )
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
@@ -477,11 +487,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bounded = 1 <= args.connections <= 64 and 1 <= args.window <= 4096 and 0 < args.grace <= 60
     bounded &= 0 < args.seconds <= 600 and 0 < args.capacity_seconds <= 600 and 0 <= args.pause <= 60
     bounded &= len(args.levels) <= 20 and all(0 < level <= 100 for level in args.levels)
+    bounded &= 0 < args.flood <= 100
     if not bounded or min(args.deadline_ms or 1, args.capacity or 1) <= 0:
         parser.error(
             "bounds: --connections 1..64, --window 1..4096, --seconds/--capacity-seconds (0, 600], --grace "
-            "(0, 60], --pause [0, 60], at most 20 --levels in (0, 100], --deadline-ms/--capacity > 0"
+            "(0, 60], --pause [0, 60], at most 20 --levels in (0, 100], --flood (0, 100], "
+            "--deadline-ms/--capacity > 0"
         )
+    if args.split is not None:
+        if len(args.split) != args.connections or min(args.split) < 0 or sum(args.split) <= 0:
+            parser.error(f"--split: {args.connections} shares (one per connection), none negative")
+        args.split = [share / sum(args.split) for share in args.split]
     return args
 
 
@@ -521,7 +537,8 @@ def sweep(
         time.sleep(args.pause)
         rate = level * capacity
         spec = base | {"seconds": args.seconds, "seed": args.seed + 100 * (k + 1)}
-        spec["conns"] = [{"target": t, "rate": rate / len(targets)} for t in targets]
+        shares = args.split or [1 / len(targets)] * len(targets)
+        spec["conns"] = [{"target": t, "rate": rate * f} for t, f in zip(targets, shares, strict=True)]
         rows.append(r := row(f"{level:g}x", phase(pipes[:1], [spec], metrics), capacity, rate))
         print(show(r), flush=True)
         if r["offered_per_s"] < 0.95 * rate or r["lag_max_ms"] > 50:
@@ -538,7 +555,7 @@ def sweep(
     if not args.no_fairness:
         time.sleep(args.pause)
         flood = base | {"seconds": args.seconds, "seed": args.seed + 7}
-        flood["conns"] = [{"target": targets[0], "rate": 10 * capacity}]
+        flood["conns"] = [{"target": targets[0], "rate": args.flood * capacity}]
         polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
         fair = phase(pipes, [flood, polite], metrics)
         for name, c, spec in zip(("flood", "polite"), fair["conns"], (flood, polite), strict=True):
@@ -548,13 +565,21 @@ def sweep(
                 f"fairness {name:>6} ({via}): offered {n / fair['seconds']:.0f}/s of {rate:.0f}/s, "
                 f"in deadline {c['in_deadline']}/{n} = {c['in_deadline'] / max(n, 1):.2%}; "
                 f"rejected {c['rejected']}, expired {c['expired']}, late {c['late']}, lost {c['lost']}, "
-                f"unsent {c['unsent']}, send lag max {c['lag_max_ms']:.0f} ms"
+                f"unsent {c['unsent']}, send lag max {c['lag_max_ms']:.0f} ms{ok_quantiles(c['ok_ms'])}"
             )
         polite_c = fair["conns"][1]
         share = polite_c["in_deadline"] / max(polite_c["sent"] + polite_c["unsent"], 1)
-        rows.append(row("fair", fair, capacity, 10.1 * capacity) | {"polite_in_deadline": share})
+        offered = (args.flood + 0.1) * capacity
+        rows.append(row("fair", fair, capacity, offered) | {"polite_in_deadline": share})
         print(show(rows[-1]))
     return rows
+
+
+def ok_quantiles(ok_ms: np.ndarray) -> str:
+    if not len(ok_ms):
+        return ""
+    p50, p99 = np.quantile(ok_ms, (0.5, 0.99))
+    return f"; ok P50 {p50:.2f} ms, P99 {p99:.2f} ms"
 
 
 def verdicts(rows: list[dict[str, Any]], grace: float) -> list[str]:

@@ -52,6 +52,7 @@ import numpy as np
 from edgeserve import __version__
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.manifest import Manifest, TensorSpec
+from edgeserve.net.flood_tally import FloodTally
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Status
 from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
@@ -101,11 +102,13 @@ WRITE_HIGH_WATER = 1024 * 1024
 # in its buffer) so the loop's time goes to the polite client, and for POLITE_S after each hold its
 # window is FLOOD_WINDOW, so that its requests do not fill the queues the polite client's wait in
 # (docs/runtime.md). When every client floods, none is held: each frame read is then answered at
-# once, served or `rejected`.
+# once, served or `rejected`. Nor is a client held whose refusals number less than FLOOD_RATIO
+# times what its full window let through (flood_tally): a hold would idle the executor it can use.
 FLOOD_FRAMES = 16
 # With at most this many connections open, a full window's refusals wait a loop turn (_defer_refusals).
 DEFER_REFUSALS = 4
 FLOOD_PAUSE_S = 0.05
+FLOOD_RATIO = 8
 POLITE_S = 0.25
 FLOOD_WINDOW = 1
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
@@ -484,12 +487,9 @@ class Connection(asyncio.Protocol):
         self._fruitless = 0  # shapes learned since the last block of BLOCK_MIN or more frames
         self._since_learn = LEARN_AFTER  # frames refused one by one since the last learning
         self.last_flood = -math.inf  # loop.time() of the last read with FLOOD_FRAMES past the window
-        # Frames refused past the window in the current POLITE_S period (from loop.time()
-        # _period_start) and in the one before: a client over its window in every read by a few
+        # What it sent past its window lately: a client over its window in every read by a few
         # frames floods as much as one that sends a burst.
-        self._period_start = -math.inf
-        self._refused_now = 0
-        self._refused_before = 0
+        self._tally = FloodTally(POLITE_S)
         self._flood_timer: asyncio.TimerHandle | None = None  # not reading: this client floods
         self._small_window_until = -math.inf  # loop.time(): its window is FLOOD_WINDOW until then
         self._jobs: set[asyncio.Future[None]] = set()  # camera frames being preprocessed
@@ -640,7 +640,8 @@ class Connection(asyncio.Protocol):
             self._count_refused(self._over_window)
         if self._over_window >= FLOOD_FRAMES:
             self.last_flood = self._last_data
-            self._hold_flood()
+            if self._tally.floods_heavily(self._last_data, FLOOD_RATIO):
+                self._hold_flood()
         self._over_window = 0
         more = handled == limit and len(buffer) >= HEADER.size
         if more and len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]:
@@ -713,20 +714,14 @@ class Connection(asyncio.Protocol):
         return until, served
 
     def _count_refused(self, n: int) -> None:
-        now = self._last_data
-        age = now - self._period_start
-        if age >= POLITE_S:
-            self._refused_before = self._refused_now if age < 2 * POLITE_S else 0
-            self._refused_now = 0
-            self._period_start = now
-        self._refused_now += n
+        counts = self._tally.roll(self._last_data)
+        counts.refused += n
+        if self._last_data >= self._small_window_until:
+            counts.full_refused += n
 
     def refused_lately(self, now: float) -> int:
         """Frames refused past the window in the last one to two POLITE_S periods."""
-        age = now - self._period_start
-        if age >= 2 * POLITE_S:
-            return 0
-        return self._refused_now + (self._refused_before if age < POLITE_S else 0)
+        return self._tally.lately(now).refused
 
     def _set_backlog(self, backlog: bool) -> None:
         if backlog == self._backlog or self.transport is None or self._closing:
@@ -1014,6 +1009,8 @@ class Connection(asyncio.Protocol):
         """Count a request that will be answered (it now holds a place in the window)."""
         frontend = self.frontend
         frontend.stats.requests += 1
+        if self._last_data >= self._small_window_until:
+            self._tally.roll(self._last_data).full_accepted += 1
         self._in_flight += 1
         frontend.in_flight += 1
         if self._in_flight == 1:

@@ -387,6 +387,31 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
         assert srv.stats().flood_pauses >= 1
 
 
+def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_beside_a_polite_one(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that sends more than its window lets through, but not FLOOD_RATIO times more
+    (one of several sending more than its even share), keeps being read: a hold would make its
+    client's frames stale and leave the executor idle beside a client that cannot keep it busy."""
+    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=16)
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as busy, raw_connect(srv.tcp_url) as polite:
+        for sock in (busy, polite):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        polite.sendall(encode_frame(valid_request(0)))
+        assert read_frame(polite)["status"] == "ok"
+        for k in range(4):  # 40 frames a read, window 16: at most 24 refused, 16 or more accepted
+            _flood(busy, 1_000 + 100 * k, 40)
+            assert len(_answers(busy, 40)) == 40
+        assert srv.stats().flood_pauses == 0
+        # past FLOOD_RATIO times what it got (~80 accepted so far): a flood, held
+        _flood(busy, 2_000, 1_000)
+        assert len(_answers(busy, 1_000)) == 1_000
+        assert srv.stats().flood_pauses >= 1
+
+
 def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_and_priority(
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,62 @@
+"""How much a connection sent past its window lately: what tells a flood from a busy client.
+
+Counts run over periods of `period_s` (the frontend's POLITE_S); "lately" is the current period
+and, while it is younger than one period, the one before, so that a count never drops to zero
+just because a period began.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Counts:
+    """One period's counts."""
+
+    refused: int = 0  # frames refused past the window, whatever the window was
+    # Requests accepted and frames refused while the connection had its full window (not the
+    # small one after a hold): a hold makes its client's frames pile up and go stale, so counts
+    # taken meanwhile would make every held connection look like a flood forever.
+    full_accepted: int = 0
+    full_refused: int = 0
+
+
+@dataclass
+class FloodTally:
+    period_s: float
+    start: float = -math.inf
+    now: Counts = field(default_factory=Counts)
+    before: Counts = field(default_factory=Counts)
+
+    def roll(self, t: float) -> Counts:
+        """The current period's counts at loop time `t` (a new period begins past `period_s`)."""
+        age = t - self.start
+        if age >= self.period_s:
+            self.before = self.now if age < 2 * self.period_s else Counts()
+            self.now = Counts()
+            self.start = t
+        return self.now
+
+    def lately(self, t: float) -> Counts:
+        """The counts of the last one to two periods at loop time `t`."""
+        age = t - self.start
+        if age >= 2 * self.period_s:
+            return Counts()
+        if age >= self.period_s:
+            return self.now
+        now, before = self.now, self.before
+        return Counts(
+            now.refused + before.refused,
+            now.full_accepted + before.full_accepted,
+            now.full_refused + before.full_refused,
+        )
+
+    def floods_heavily(self, t: float, ratio: float) -> bool:
+        """Refused at least `ratio` times as many frames as it had accepted, with its full window:
+        it sends several times what its window lets through. A client only somewhat over its
+        window (one connection of several, sending more than its even share) is not held: a hold
+        would idle the executor its frames could have used."""
+        counts = self.lately(t)
+        return counts.full_refused >= ratio * max(counts.full_accepted, 1)

@@ -1,0 +1,32 @@
+"""FloodTally: what a connection refused and accepted lately, by POLITE_S periods."""
+
+from __future__ import annotations
+
+from edgeserve.net.flood_tally import FloodTally
+
+
+def test_counts_cover_the_current_period_and_while_it_is_young_the_one_before() -> None:
+    tally = FloodTally(period_s=1.0)
+    tally.roll(0.0).refused += 5
+    tally.roll(0.5).refused += 3
+    assert tally.lately(0.9).refused == 8
+    tally.roll(1.2).refused += 1  # a new period began: the old one still counts while it is young
+    assert tally.lately(1.5).refused == 9
+    assert tally.lately(2.3).refused == 1  # the current period alone once it is a period old
+    assert tally.lately(3.2).refused == 0  # nothing for two periods: forgotten
+    tally.roll(3.3).refused += 2
+    assert tally.lately(3.4).refused == 2  # the period before that was too old to carry over
+
+
+def test_a_flood_refuses_many_times_what_it_gets_with_its_full_window() -> None:
+    tally = FloodTally(period_s=1.0)
+    counts = tally.roll(0.0)
+    counts.full_accepted, counts.full_refused = 8, 40  # five times what its window let through
+    assert not tally.floods_heavily(0.1, ratio=8)
+    counts.full_refused = 64
+    assert tally.floods_heavily(0.1, ratio=8)
+    # refusals under the small window after a hold are not counted as full-window ones
+    counts.full_refused, counts.refused = 0, 10_000
+    assert not tally.floods_heavily(0.1, ratio=8)
+    counts.full_accepted, counts.full_refused = 0, 8  # nothing accepted counts as one
+    assert tally.floods_heavily(0.1, ratio=8)
