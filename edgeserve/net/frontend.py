@@ -686,7 +686,11 @@ class Connection(asyncio.Protocol):
         refuse them next, and how many frames were served (0 and 0: read in order). Stops at a
         frame that might close the connection (unreadable, no infer with a valid id): the frames
         before it are answered first, in `_read_some`, which then reads that one."""
-        space = self._room() if limit is None else min(self._room(), limit)
+        space = self._room()
+        if limit is not None and space > limit:
+            # The turn's limit binds, not the window: the older frames are not refused, they are
+            # read in order (the rest of them next turn) while the window has room.
+            return 0, 0
         buffer = self._buffer
         until = newest_frames_start(buffer, len(buffer), space) if space > 0 else 0
         if until == 0:

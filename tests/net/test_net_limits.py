@@ -346,6 +346,22 @@ def test_frames_older_than_the_served_ones_stay_refused_while_their_refusals_wai
     assert sorted(answers) == list(range(31)) and set(answers.values()) == {"ok", "rejected"}
 
 
+def test_a_read_of_more_frames_than_a_turn_handles_refuses_none_while_the_window_has_room(
+    served, tmp_path: Path
+) -> None:
+    """Only a full window makes the newest frames of a read go first and the older ones refused:
+    when the turn's limit (FRAMES_PER_TURN) is what binds, the rest is read in order next turn."""
+    root, _ = served
+    count = 2 * frontend_module.FRAMES_PER_TURN  # within the model's max_queue (64)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=4 * count)
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        assert read_frame(sock)["type"] == "hello"
+        _flood(sock, 0, count)  # one write: a read brings more frames than a turn handles
+        answers = _answers(sock, count)
+    assert sorted(answers) == list(range(count)) and set(answers.values()) == {"ok"}, answers
+
+
 def test_room_is_what_the_window_admits_one_request_after_another() -> None:
     """`room` (how many frames of one read a connection may accept) agrees with accepting them one
     by one under `window`, whose even share moves as the connection's own accepts add up."""
