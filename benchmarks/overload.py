@@ -539,8 +539,11 @@ def sweep(
         spec = base | {"seconds": args.seconds, "seed": args.seed + 100 * (k + 1)}
         shares = args.split or [1 / len(targets)] * len(targets)
         spec["conns"] = [{"target": t, "rate": rate * f} for t, f in zip(targets, shares, strict=True)]
-        rows.append(r := row(f"{level:g}x", phase(pipes[:1], [spec], metrics), capacity, rate))
+        rows.append(r := row(f"{level:g}x", result := phase(pipes[:1], [spec], metrics), capacity, rate))
         print(show(r), flush=True)
+        if args.split:  # who got what: a quiet connection beside busy ones
+            shares = [c["in_deadline"] / max(c["sent"] + c["unsent"], 1) for c in result["conns"]]
+            print(f"{'':>6} in deadline by connection: {', '.join(f'{share:.2%}' for share in shares)}")
         if r["offered_per_s"] < 0.95 * rate or r["lag_max_ms"] > 50:
             print(
                 f"{'':>6} client {'behind' if r['offered_per_s'] < 0.95 * rate else 'stalled'}: offered "

@@ -428,6 +428,37 @@ def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_bes
         assert srv.stats().flood_pauses >= 1
 
 
+def test_a_flood_beside_another_flood_is_not_held(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Holds serve the polite clients only when one client floods: beside another flood the held
+    one's frames would go stale and the executor idle, and the polite ones would still share the
+    loop with the other flood."""
+    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # "lately" outlasts a slow machine
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    with (
+        server_thread(config) as srv,
+        raw_connect(srv.unix_url) as first,
+        raw_connect(srv.unix_url) as second,
+        raw_connect(srv.tcp_url) as polite,
+    ):
+        for sock in (first, second, polite):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        polite.sendall(encode_frame(valid_request(0)))
+        assert read_frame(polite)["status"] == "ok"
+        _flood(first, 1_000, 600)  # the only flood beside a polite client: held
+        assert len(_answers(first, 600)) == 600
+        held = srv.stats().flood_pauses
+        assert held >= 1
+        _flood(first, 2_000, 4)  # still sending (a client silent for a second does not count)
+        _flood(second, 5_000, 600)  # the first flooded lately: no hold for this one
+        assert len(_answers(second, 600)) == 600
+        assert len(_answers(first, 4)) == 4
+        assert srv.stats().flood_pauses == held
+
+
 def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_and_priority(
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
