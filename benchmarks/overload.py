@@ -542,8 +542,12 @@ def sweep(
         rows.append(r := row(f"{level:g}x", result := phase(pipes[:1], [spec], metrics), capacity, rate))
         print(show(r), flush=True)
         if args.split:  # who got what: a quiet connection beside busy ones
-            shares = [c["in_deadline"] / max(c["sent"] + c["unsent"], 1) for c in result["conns"]]
-            print(f"{'':>6} in deadline by connection: {', '.join(f'{share:.2%}' for share in shares)}")
+            shares = [
+                f"{c['in_deadline'] / n:.2%} (rejected {c['rejected'] / n:.1%}, late {c['late'] / n:.1%})"
+                for c in result["conns"]
+                if (n := max(c["sent"] + c["unsent"], 1))
+            ]
+            print(f"{'':>6} in deadline by connection: {', '.join(shares)}")
         if r["offered_per_s"] < 0.95 * rate or r["lag_max_ms"] > 50:
             print(
                 f"{'':>6} client {'behind' if r['offered_per_s'] < 0.95 * rate else 'stalled'}: offered "
