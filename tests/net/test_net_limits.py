@@ -285,6 +285,19 @@ def _flood_bytes(first_id: int, count: int) -> bytes:
     )
 
 
+@contextlib.contextmanager
+def _beside_a_polite_client(config: ServerConfig) -> Iterator[tuple[Any, socket.socket, socket.socket]]:
+    """A server, a connection to flood it (UNIX) and a polite one (TCP) that has been served once,
+    so that it counts as a client sending within its window."""
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
+        for sock in (flood, polite):
+            sock.sendall(hello_frame())
+            assert read_frame(sock)["type"] == "hello"
+        polite.sendall(encode_frame(valid_request(0)))
+        assert read_frame(polite)["status"] == "ok"
+        yield srv, flood, polite
+
+
 def _answers(sock: socket.socket, count: int) -> dict[int, str]:
     got: dict[int, str] = {}
     while len(got) < count:
@@ -385,12 +398,7 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=2)
     sent = 600
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
-        for sock in (flood, polite):
-            sock.sendall(hello_frame())
-            assert read_frame(sock)["type"] == "hello"
-        polite.sendall(encode_frame(valid_request(0)))
-        assert read_frame(polite)["status"] == "ok"  # the polite client has sent: it counts as active
+    with _beside_a_polite_client(config) as (srv, flood, polite):
         _flood(flood, 1_000, sent)
         statuses = []
         for k in range(1, 6):
@@ -412,12 +420,7 @@ def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_bes
     monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=16)
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as busy, raw_connect(srv.tcp_url) as polite:
-        for sock in (busy, polite):
-            sock.sendall(hello_frame())
-            assert read_frame(sock)["type"] == "hello"
-        polite.sendall(encode_frame(valid_request(0)))
-        assert read_frame(polite)["status"] == "ok"
+    with _beside_a_polite_client(config) as (srv, busy, _polite):
         for k in range(4):  # 40 frames a read, window 16: at most 24 refused, 16 or more accepted
             _flood(busy, 1_000 + 100 * k, 40)
             assert len(_answers(busy, 40)) == 40
@@ -573,12 +576,7 @@ def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(
     config = net_config(config_dict(root), tmp_path, max_in_flight=2)
     per_turn = frontend_module.FRAMES_PER_TURN * frontend_module.REFUSALS_PER_FRAME  # refusals
     sent = 3 * per_turn
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
-        for sock in (flood, polite):
-            sock.sendall(hello_frame())
-            assert read_frame(sock)["type"] == "hello"
-        polite.sendall(encode_frame(valid_request(0)))
-        assert read_frame(polite)["status"] == "ok"
+    with _beside_a_polite_client(config) as (srv, flood, _polite):
         _flood(flood, 1_000, sent)
         times = []
         for _ in range(sent):
@@ -596,12 +594,7 @@ def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(
     monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the small window outlasts a slow machine
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=4)
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
-        for sock in (flood, polite):
-            sock.sendall(hello_frame())
-            assert read_frame(sock)["type"] == "hello"
-        polite.sendall(encode_frame(valid_request(0)))
-        assert read_frame(polite)["status"] == "ok"
+    with _beside_a_polite_client(config) as (srv, flood, _polite):
         _flood(flood, 1_000, 300)
         assert len(_answers(flood, 300)) == 300 and srv.stats().flood_pauses >= 1
         flood.sendall(b"".join(encode_frame(valid_request(k)) for k in range(3)))
