@@ -25,6 +25,8 @@ class Counts:
 
 @dataclass
 class FloodTally:
+    """One connection's counts by period, in the loop's time."""
+
     period_s: float
     start: float = -math.inf
     now: Counts = field(default_factory=Counts)

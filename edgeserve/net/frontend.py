@@ -359,8 +359,7 @@ class Frontend:
         """Every other greeted client sending lately is polite (has not flooded lately, see
         FLOOD_FRAMES), and there is one: a hold then serves those clients. Beside another flood
         it would not: the held client's frames go stale, the executor idles, and the polite
-        clients still share the loop with the other floods (three connections at 3.3x and one at
-        0.1x: 0.29x in deadline and the quiet one 94.8 % with holds, 0.84x and 96.3 % without)."""
+        clients still share the loop with the other floods (docs/runtime.md)."""
         now = asyncio.get_running_loop().time()
         others = [
             c for c in self.connections if c is not connection and c.greeted and now - c.last_data < 1.0
