@@ -44,7 +44,8 @@ DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 # with 8 a connection's burst stays within a deadline (benchmarks/overload.py, docs/runtime.md).
 DEFAULT_MAX_IN_FLIGHT = 8
 # Requests in flight on all connections together, in windows of listen.max_in_flight: at that
-# total each connection keeps an even share (docs/runtime.md, "An even share of an in-flight total").
+# total each busy connection keeps an even share, a light one its whole window (docs/runtime.md,
+# "An even share of an in-flight total").
 DEFAULT_TOTAL_WINDOWS = 4
 DEFAULT_MAX_CONNECTIONS = 256  # socket-protocol connections, all listeners together
 DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 192  # a flood on one listener leaves 64 slots to the others

@@ -10,12 +10,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+LIGHT_TRACK = 16
+LIGHT_RATIO = 4
+
 
 @dataclass
 class Counts:
     """One period's counts."""
 
     refused: int = 0  # frames refused past the window, whatever the window was
+    accepted: int = 0  # requests accepted, whatever the window was
     # Requests accepted and frames refused while the connection had its full window (not the
     # small one after a hold): a hold makes its client's frames pile up and go stale, so counts
     # taken meanwhile would make every held connection look like a flood forever.
@@ -51,9 +55,22 @@ class FloodTally:
         now, before = self.now, self.before
         return Counts(
             now.refused + before.refused,
+            now.accepted + before.accepted,
             now.full_accepted + before.full_accepted,
             now.full_refused + before.full_refused,
         )
+
+    def light(self, t: float) -> bool:
+        """Lately it had LIGHT_TRACK or more requests accepted and at most one refused for every
+        LIGHT_RATIO accepted: a client within its rate whose bursts now and then pass its even
+        share of the in-flight total. Without such a track record (a new client) it is not."""
+        age = t - self.start
+        if age >= 2 * self.period_s:
+            return False
+        accepted, refused = self.now.accepted, self.now.refused
+        if age < self.period_s:
+            accepted, refused = accepted + self.before.accepted, refused + self.before.refused
+        return accepted >= LIGHT_TRACK and refused * LIGHT_RATIO <= accepted
 
     def floods_heavily(self, t: float, ratio: float) -> bool:
         """Refused at least `ratio` times as many frames as it had accepted, with its full window:

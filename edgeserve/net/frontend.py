@@ -903,10 +903,12 @@ class Connection(asyncio.Protocol):
 
     def _window(self) -> int:
         """How many requests this connection may have in flight now (`window`); FLOOD_WINDOW after
-        a hold."""
+        a hold, its whole max_in_flight while it is light (FloodTally.light)."""
         if self._last_data < self._small_window_until:
             return FLOOD_WINDOW
         frontend, listen = self.frontend, self.frontend.listen
+        if self._tally.light(self._last_data):  # its bursts pass: the even share binds the busy
+            return listen.max_in_flight
         return window(listen.max_in_flight, listen.in_flight_total, frontend.in_flight, frontend.busy)
 
     def _room(self) -> int:
@@ -914,6 +916,8 @@ class Connection(asyncio.Protocol):
         if self._last_data < self._small_window_until:
             return FLOOD_WINDOW - self._in_flight
         frontend, listen = self.frontend, self.frontend.listen
+        if self._tally.light(self._last_data):
+            return listen.max_in_flight - self._in_flight
         return room(
             listen.max_in_flight, listen.in_flight_total, self._in_flight, frontend.in_flight, frontend.busy
         )
@@ -1015,8 +1019,10 @@ class Connection(asyncio.Protocol):
         """Count a request that will be answered (it now holds a place in the window)."""
         frontend = self.frontend
         frontend.stats.requests += 1
+        counts = self._tally.roll(self._last_data)
+        counts.accepted += 1
         if self._last_data >= self._small_window_until:
-            self._tally.roll(self._last_data).full_accepted += 1
+            counts.full_accepted += 1
         self._in_flight += 1
         frontend.in_flight += 1
         if self._in_flight == 1:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgeserve.net.flood_tally import FloodTally
+from edgeserve.net.flood_tally import LIGHT_RATIO, LIGHT_TRACK, FloodTally
 
 
 def test_counts_cover_the_current_period_and_while_it_is_young_the_one_before() -> None:
@@ -30,3 +30,17 @@ def test_a_flood_refuses_many_times_what_it_gets_with_its_full_window() -> None:
     assert not tally.floods_heavily(0.1, ratio=8)
     counts.full_accepted, counts.full_refused = 0, 8  # nothing accepted counts as one
     assert tally.floods_heavily(0.1, ratio=8)
+
+
+def test_a_light_client_has_a_record_of_accepted_requests_and_few_refused() -> None:
+    tally = FloodTally(period_s=1.0)
+    assert not tally.light(0.0)  # no record yet: a new client gets the even share
+    counts = tally.roll(0.0)
+    counts.accepted = LIGHT_TRACK - 1
+    assert not tally.light(0.1)
+    counts.accepted = LIGHT_TRACK * LIGHT_RATIO
+    counts.refused = LIGHT_TRACK
+    assert tally.light(0.1)  # one refused for every LIGHT_RATIO accepted
+    counts.refused += 1
+    assert not tally.light(0.1)
+    assert not tally.light(2.5)  # a record two periods old is forgotten
