@@ -14,7 +14,8 @@ of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, t
 busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it waited for the GIL
 or a core), idle-gap and decision P50/P99 (n/a without those histograms),
 client and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
-fairness: one connection floods at 10x (`--flood`) while another, from a second process, sends at 0.1x.
+fairness: one connection floods at 10x (`--flood`; `--floods N` shares it among N) while another,
+from a second process, sends at 0.1x.
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
@@ -464,6 +465,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--flood", type=float, default=10.0, help="fairness: the flood's rate, x capacity (default 10)"
     )
+    parser.add_argument(
+        "--floods", type=int, default=1, help="fairness: connections sharing the flood's rate (default 1)"
+    )
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
@@ -487,11 +491,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bounded = 1 <= args.connections <= 64 and 1 <= args.window <= 4096 and 0 < args.grace <= 60
     bounded &= 0 < args.seconds <= 600 and 0 < args.capacity_seconds <= 600 and 0 <= args.pause <= 60
     bounded &= len(args.levels) <= 20 and all(0 < level <= 100 for level in args.levels)
-    bounded &= 0 < args.flood <= 100
+    bounded &= 0 < args.flood <= 100 and 1 <= args.floods <= 64
     if not bounded or min(args.deadline_ms or 1, args.capacity or 1) <= 0:
         parser.error(
             "bounds: --connections 1..64, --window 1..4096, --seconds/--capacity-seconds (0, 600], --grace "
-            "(0, 60], --pause [0, 60], at most 20 --levels in (0, 100], --flood (0, 100], "
+            "(0, 60], --pause [0, 60], at most 20 --levels in (0, 100], --flood (0, 100], --floods 1..64, "
             "--deadline-ms/--capacity > 0"
         )
     if args.split is not None:
@@ -562,11 +566,13 @@ def sweep(
     if not args.no_fairness:
         time.sleep(args.pause)
         flood = base | {"seconds": args.seconds, "seed": args.seed + 7}
-        flood["conns"] = [{"target": targets[0], "rate": args.flood * capacity}]
+        rate = args.flood * capacity / args.floods
+        flood["conns"] = [{"target": targets[k % len(targets)], "rate": rate} for k in range(args.floods)]
         polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
         fair = phase(pipes, [flood, polite], metrics)
-        for name, c, spec in zip(("flood", "polite"), fair["conns"], (flood, polite), strict=True):
-            rate, via = spec["conns"][0]["rate"], spec["conns"][0]["target"].split(":")[0]
+        names = ["flood"] * args.floods + ["polite"]
+        for name, c, spec in zip(names, fair["conns"], flood["conns"] + polite["conns"], strict=True):
+            rate, via = spec["rate"], spec["target"].split(":")[0]
             n = c["sent"] + c["unsent"]
             print(
                 f"fairness {name:>6} ({via}): offered {n / fair['seconds']:.0f}/s of {rate:.0f}/s, "
@@ -574,7 +580,7 @@ def sweep(
                 f"rejected {c['rejected']}, expired {c['expired']}, late {c['late']}, lost {c['lost']}, "
                 f"unsent {c['unsent']}, send lag max {c['lag_max_ms']:.0f} ms{ok_quantiles(c['ok_ms'])}"
             )
-        polite_c = fair["conns"][1]
+        polite_c = fair["conns"][-1]
         share = polite_c["in_deadline"] / max(polite_c["sent"] + polite_c["unsent"], 1)
         offered = (args.flood + 0.1) * capacity
         rows.append(row("fair", fair, capacity, offered) | {"polite_in_deadline": share})

@@ -102,9 +102,10 @@ WRITE_HIGH_WATER = 1024 * 1024
 # read wait in its buffer) so the loop's time goes to the polite clients, and for POLITE_S after
 # each hold its window is FLOOD_WINDOW, so that its requests do not fill the queues the polite
 # clients' wait in (docs/runtime.md). Beside another flood none is held (Frontend.only_flood):
-# each frame read is then answered at once, served or `rejected`. Nor is a client held whose
-# refusals number less than FLOOD_RATIO times what its full window let through (flood_tally): a
-# hold would idle the executor it can use.
+# each keeps being read (its frames stay fresh), with a window of SHARED_FLOOD_WINDOW for POLITE_S
+# while a polite client is around. Nor is a client held whose refusals number less than
+# FLOOD_RATIO times what its full window let through (flood_tally): a hold would idle the executor
+# it can use.
 FLOOD_FRAMES = 16
 # With at most this many connections open, a full window's refusals wait a loop turn (_defer_refusals).
 DEFER_REFUSALS = 4
@@ -112,6 +113,7 @@ FLOOD_PAUSE_S = 0.05
 FLOOD_RATIO = 8
 POLITE_S = 0.25
 FLOOD_WINDOW = 1
+SHARED_FLOOD_WINDOW = 2
 FAIL_LINGER_S = 2.0  # after an error message, wait this long for the peer to close
 CLOSE_READ_BYTES = 4 * 1024 * 1024  # what a close still reads from the kernel (_take_received)
 
@@ -356,16 +358,22 @@ class Frontend:
         return self._specs[1]
 
     def only_flood(self, connection: Connection) -> bool:
-        """Every other greeted client sending lately is polite (has not flooded lately, see
-        FLOOD_FRAMES), and there is one: a hold then serves those clients. Beside another flood
-        it would not: the held client's frames go stale, the executor idles, and the polite
-        clients still share the loop with the other floods (docs/runtime.md)."""
+        """Every other greeted client sending lately is polite, and there is one: a hold then
+        serves those clients. Beside another flood, holds left the executor idle (every held
+        client's frames go stale behind its hold); the floods then keep being read with a small
+        window instead (docs/runtime.md)."""
         now = asyncio.get_running_loop().time()
         others = [
             c for c in self.connections if c is not connection and c.greeted and now - c.last_data < 1.0
         ]
-        return bool(others) and all(
-            now - c.last_flood > POLITE_S and c.refused_lately(now) < FLOOD_FRAMES for c in others
+        return bool(others) and all(c.polite(now) for c in others)
+
+    def polite_other(self, connection: Connection) -> bool:
+        """Another greeted client sending lately is polite (has not flooded lately)."""
+        now = asyncio.get_running_loop().time()
+        return any(
+            c is not connection and c.greeted and now - c.last_data < 1.0 and c.polite(now)
+            for c in self.connections
         )
 
     def answered(self) -> None:
@@ -493,7 +501,8 @@ class Connection(asyncio.Protocol):
         # frames floods as much as one that sends a burst.
         self._tally = FloodTally(POLITE_S)
         self._flood_timer: asyncio.TimerHandle | None = None  # not reading: this client floods
-        self._small_window_until = -math.inf  # loop.time(): its window is FLOOD_WINDOW until then
+        self._small_window_until = -math.inf  # loop.time(): its window is _small_window until then
+        self._small_window = FLOOD_WINDOW
         self._jobs: set[asyncio.Future[None]] = set()  # camera frames being preprocessed
 
     # -- transport callbacks -----------------------------------------------------------------------
@@ -725,6 +734,11 @@ class Connection(asyncio.Protocol):
         if self._last_data >= self._small_window_until:
             counts.full_refused += n
 
+    def polite(self, now: float) -> bool:
+        """Within its window lately: no read FLOOD_FRAMES past it for POLITE_S, and fewer than
+        FLOOD_FRAMES refused over the last periods."""
+        return now - self.last_flood > POLITE_S and self.refused_lately(now) < FLOOD_FRAMES
+
     def refused_lately(self, now: float) -> int:
         """Frames refused past the window in the last one to two POLITE_S periods."""
         return self._tally.lately(now).refused
@@ -792,17 +806,24 @@ class Connection(asyncio.Protocol):
         self._hello_timer = self._idle_timer = self._flood_timer = None
 
     def _hold_flood(self) -> None:
-        """Leave this flooding socket unread for FLOOD_PAUSE_S while the other clients are polite."""
+        """Leave this flooding socket unread for FLOOD_PAUSE_S while the other clients are polite;
+        beside other floods and a polite client, give it SHARED_FLOOD_WINDOW instead."""
         if self.transport is None or self._closing or self._flood_timer is not None:
             return
-        if not self.frontend.only_flood(self):
+        frontend = self.frontend
+        if not frontend.only_flood(self):
+            if frontend.polite_other(self):  # several floods: each keeps being read, two in flight
+                self._small_window, self._small_window_until = (
+                    SHARED_FLOOD_WINDOW,
+                    self._loop.time() + POLITE_S,
+                )
             return
-        self.frontend.stats.flood_pauses += 1
+        frontend.stats.flood_pauses += 1
         if not self._paused and not self._backlog:
             self.transport.pause_reading()
         loop = self._loop
         self._flood_timer = loop.call_later(FLOOD_PAUSE_S, self._release_flood)
-        self._small_window_until = loop.time() + FLOOD_PAUSE_S + POLITE_S
+        self._small_window, self._small_window_until = FLOOD_WINDOW, loop.time() + FLOOD_PAUSE_S + POLITE_S
 
     def _release_flood(self) -> None:
         self._flood_timer = None
@@ -905,7 +926,7 @@ class Connection(asyncio.Protocol):
         """How many requests this connection may have in flight now (`window`); FLOOD_WINDOW after
         a hold, its whole max_in_flight while it is light (FloodTally.light)."""
         if self._last_data < self._small_window_until:
-            return FLOOD_WINDOW
+            return self._small_window
         frontend, listen = self.frontend, self.frontend.listen
         if self._tally.light(self._last_data):  # its bursts pass: the even share binds the busy
             return listen.max_in_flight
@@ -914,7 +935,7 @@ class Connection(asyncio.Protocol):
     def _room(self) -> int:
         """How many requests this connection may accept now, one after the other (`room`)."""
         if self._last_data < self._small_window_until:
-            return FLOOD_WINDOW - self._in_flight
+            return self._small_window - self._in_flight
         frontend, listen = self.frontend, self.frontend.listen
         if self._tally.light(self._last_data):
             return listen.max_in_flight - self._in_flight

@@ -434,12 +434,12 @@ def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_bes
 def test_a_flood_beside_another_flood_is_not_held(
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Holds serve the polite clients only when one client floods: beside another flood the held
-    one's frames would go stale and the executor idle, and the polite ones would still share the
-    loop with the other flood."""
+    """Holds serve the polite clients only when one client floods: beside another flood every
+    held one's frames would go stale and the executor idle. Each flood keeps being read, with a
+    window of SHARED_FLOOD_WINDOW while a polite client is around."""
     monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # "lately" outlasts a slow machine
     root, _ = served
-    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=4)
     with (
         server_thread(config) as srv,
         raw_connect(srv.unix_url) as first,
@@ -460,6 +460,12 @@ def test_a_flood_beside_another_flood_is_not_held(
         assert len(_answers(second, 600)) == 600
         assert len(_answers(first, 4)) == 4
         assert srv.stats().flood_pauses == held
+        second.sendall(b"".join(encode_frame(valid_request(k)) for k in range(4)))
+        answers = [read_frame(second) for _ in range(4)]
+    refused = [
+        a for a in answers if a["status"] == "rejected" and "too many requests in flight" in a["error"]
+    ]
+    assert len(refused) == 4 - frontend_module.SHARED_FLOOD_WINDOW, answers
 
 
 def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_and_priority(
