@@ -64,13 +64,8 @@ class FloodTally:
         """Lately it had LIGHT_TRACK or more requests accepted and at most one refused for every
         LIGHT_RATIO accepted: a client within its rate whose bursts now and then pass its even
         share of the in-flight total. Without such a track record (a new client) it is not."""
-        age = t - self.start
-        if age >= 2 * self.period_s:
-            return False
-        accepted, refused = self.now.accepted, self.now.refused
-        if age < self.period_s:
-            accepted, refused = accepted + self.before.accepted, refused + self.before.refused
-        return accepted >= LIGHT_TRACK and refused * LIGHT_RATIO <= accepted
+        counts = self.lately(t)
+        return counts.accepted >= LIGHT_TRACK and counts.refused * LIGHT_RATIO <= counts.accepted
 
     def floods_heavily(self, t: float, ratio: float) -> bool:
         """Refused at least `ratio` times as many frames as it had accepted, with its full window:

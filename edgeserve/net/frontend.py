@@ -101,7 +101,7 @@ WRITE_HIGH_WATER = 1024 * 1024
 # socket is left unread for FLOOD_PAUSE_S (the kernel holds its frames, and the frames of its last
 # read wait in its buffer) so the loop's time goes to the polite clients, and for POLITE_S after
 # each hold its window is FLOOD_WINDOW, so that its requests do not fill the queues the polite
-# clients' wait in (docs/runtime.md). Beside another flood none is held (Frontend.only_flood):
+# clients' wait in (docs/runtime.md). Beside another flood none is held (Frontend.polite_others):
 # each keeps being read (its frames stay fresh), with a window of SHARED_FLOOD_WINDOW for POLITE_S
 # while a polite client is around. Nor is a client held whose refusals number less than
 # FLOOD_RATIO times what its full window let through (flood_tally): a hold would idle the executor
@@ -357,24 +357,16 @@ class Frontend:
             self._specs = (config, specs)
         return self._specs[1]
 
-    def only_flood(self, connection: Connection) -> bool:
-        """Every other greeted client sending lately is polite, and there is one: a hold then
-        serves those clients. Beside another flood, holds left the executor idle (every held
-        client's frames go stale behind its hold); the floods then keep being read with a small
-        window instead (docs/runtime.md)."""
+    def polite_others(self, connection: Connection) -> tuple[int, int]:
+        """How many other greeted clients sent lately, and how many of them are polite. A hold
+        serves the polite ones only beside a lone flood: beside another, holds left the executor
+        idle (every held client's frames go stale behind its hold), so the floods keep being read
+        with a small window instead (docs/runtime.md)."""
         now = asyncio.get_running_loop().time()
         others = [
             c for c in self.connections if c is not connection and c.greeted and now - c.last_data < 1.0
         ]
-        return bool(others) and all(c.polite(now) for c in others)
-
-    def polite_other(self, connection: Connection) -> bool:
-        """Another greeted client sending lately is polite (has not flooded lately)."""
-        now = asyncio.get_running_loop().time()
-        return any(
-            c is not connection and c.greeted and now - c.last_data < 1.0 and c.polite(now)
-            for c in self.connections
-        )
+        return len(others), sum(c.polite(now) for c in others)
 
     def answered(self) -> None:
         self.in_flight -= 1
@@ -737,11 +729,7 @@ class Connection(asyncio.Protocol):
     def polite(self, now: float) -> bool:
         """Within its window lately: no read FLOOD_FRAMES past it for POLITE_S, and fewer than
         FLOOD_FRAMES refused over the last periods."""
-        return now - self.last_flood > POLITE_S and self.refused_lately(now) < FLOOD_FRAMES
-
-    def refused_lately(self, now: float) -> int:
-        """Frames refused past the window in the last one to two POLITE_S periods."""
-        return self._tally.lately(now).refused
+        return now - self.last_flood > POLITE_S and self._tally.lately(now).refused < FLOOD_FRAMES
 
     def _set_backlog(self, backlog: bool) -> None:
         if backlog == self._backlog or self.transport is None or self._closing:
@@ -811,12 +799,11 @@ class Connection(asyncio.Protocol):
         if self.transport is None or self._closing or self._flood_timer is not None:
             return
         frontend = self.frontend
-        if not frontend.only_flood(self):
-            if frontend.polite_other(self):  # several floods: each keeps being read, two in flight
-                self._small_window, self._small_window_until = (
-                    SHARED_FLOOD_WINDOW,
-                    self._loop.time() + POLITE_S,
-                )
+        others, polite = frontend.polite_others(self)
+        if not polite:
+            return
+        if polite < others:  # several floods: each keeps being read, two in flight
+            self._small_window, self._small_window_until = SHARED_FLOOD_WINDOW, self._loop.time() + POLITE_S
             return
         frontend.stats.flood_pauses += 1
         if not self._paused and not self._backlog:
@@ -928,8 +915,8 @@ class Connection(asyncio.Protocol):
         if self._last_data < self._small_window_until:
             return self._small_window
         frontend, listen = self.frontend, self.frontend.listen
-        if self._tally.light(self._last_data):  # its bursts pass: the even share binds the busy
-            return listen.max_in_flight
+        if frontend.in_flight < listen.in_flight_total or self._tally.light(self._last_data):
+            return listen.max_in_flight  # a light client's bursts pass: the even share binds the busy
         return window(listen.max_in_flight, listen.in_flight_total, frontend.in_flight, frontend.busy)
 
     def _room(self) -> int:
