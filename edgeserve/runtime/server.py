@@ -452,7 +452,6 @@ class Server:
                     "deadline (the server is overloaded)"
                 )
             return self._refuse(model, Status.EXPIRED, now, why)
-        budget = total - waited  # what is left of it now
         if problem is None:
             x, problem = self._sample(m, x)
         if problem is not None:
@@ -471,10 +470,15 @@ class Server:
         # counts from the read, so that requests alike get one budget to the bit: a queue with
         # one budget is ordered by urgency, and the policy scores it in a fraction of the time
         # (scheduler/fast_scoring.py), which the executor waits for between two batches.
+        # The floor too is held to PLAN_LAG_STEP_S steps of the read-to-queue wait: it binds for
+        # short deadlines under load, and a floor that moved with each request's microseconds of
+        # waiting gave every task its own budget again.
         lag = self._answer_lag + self._loop_delay
         if abs(lag - self._plan_lag) > PLAN_LAG_STEP_S:
             self._plan_lag = lag
-        plan = max(total - margin_s - self._plan_lag, waited + PLAN_FLOOR * budget)
+        held_wait = math.ceil(waited / PLAN_LAG_STEP_S) * PLAN_LAG_STEP_S
+        floor = min(held_wait + PLAN_FLOOR * (total - held_wait), total)
+        plan = max(total - margin_s - self._plan_lag, floor)
         if self._admit_by_deadline and queue and self._offload is None:
             # A task at the tail of a FIFO waits about as long as the head has, then its batch
             # runs (at the shallowest exit at least): that must fit before its planned deadline,
