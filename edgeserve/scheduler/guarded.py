@@ -50,6 +50,8 @@ BATCH_RULES = ("lookahead", "max")
 # Batches per queue the look-ahead considers (the earliest deadlines); bounds the cost at
 # 16 models x 1000 tasks, where later batches are far from their deadlines anyway.
 LOOKAHEAD_BATCHES = 4
+# none_doomed's bound sums the same latencies as doomed in another order: this covers the rounding.
+NONE_DOOMED_MARGIN_S = 1e-6
 
 # One queued batch of the continuation: (deadline of its tightest task, queue index, position in
 # that queue's list of batches, its shallowest-exit latency, its sorted deadlines). Tuples sort
@@ -76,6 +78,31 @@ def queue_chunks(queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: 
             chunks.append((part[0], q, j, by_batch[len(part) - 1][0], part))
     chunks.sort()
     return chunks
+
+
+def none_doomed(
+    queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: int | None, first_delta: float, now: float
+) -> bool:
+    """A sufficient test, without building the chunks, that `doomed` is 0 for a first move taking
+    `first_delta`: the tightest deadline of every chunk is later than the whole continuation, the
+    first move and every chunk at its shallowest exit, would end. Below saturation it nearly always
+    holds, and the executor waits for this decision between two batches."""
+    end = now + first_delta
+    tightest = math.inf
+    for q, queue in enumerate(queues):
+        n = len(queue)
+        if not n:
+            continue
+        model = latency.models[q]
+        size = min(model.max_batch, batch_cap or model.max_batch)
+        count = min(n, size * LOOKAHEAD_BATCHES)
+        full, rest = divmod(count, size)
+        by_batch = model.by_batch
+        end += full * by_batch[size - 1][0] + (by_batch[rest - 1][0] if rest else 0.0)
+        # FIFO by age with one budget: the head's deadline is the queue's tightest
+        head = queue.deadlines[0] if queue.uniform_budget is not None else queue.deadlines[:count].min()
+        tightest = min(tightest, float(head))
+    return tightest > end + NONE_DOOMED_MARGIN_S
 
 
 def doomed(chunks: list[_Chunk], first_queue: int, first_delta: float, now: float) -> int:
@@ -149,6 +176,8 @@ class GuardedStabilityPolicy:
     def _guard(
         self, queues: Sequence[TaskQueue], now: float, candidates: list[Candidate], pick: Candidate
     ) -> Candidate:
+        if none_doomed(queues, self.latency, self.batch_cap, pick.delta_s, now):
+            return pick
         chunks = queue_chunks(queues, self.latency, self.batch_cap)
         lost = doomed(chunks, pick.model, pick.delta_s, now)
         if not lost or lost <= unavoidable(chunks, now):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgeserve.scheduler import DEFAULT_POLICY, Dispatch, LatencyModel, PolicyOptions, TaskQueue, make_policy
-from edgeserve.scheduler.guarded import doomed, queue_chunks, unavoidable
+from edgeserve.scheduler.guarded import doomed, none_doomed, queue_chunks, unavoidable
 from edgeserve.scheduler.synthetic import paper_gpu_profiles
 from edgeserve.scheduler.workloads import diurnal, mmpp, spike
 
@@ -51,6 +51,24 @@ def test_below_saturation_the_default_decides_as_stability_safe_exit(latency: La
         queues = _state(ages)
         a, b = guarded.decide(queues, 1.0), plain.decide(queues, 1.0)
         assert (a is None and b is None) or (a.model, a.exit, a.batch) == (b.model, b.exit, b.batch)
+
+
+def test_the_quick_test_that_nothing_is_doomed_never_says_so_wrongly(latency: LatencyModel) -> None:
+    rng = np.random.default_rng(11)
+    said = 0
+    for _ in range(500):
+        queues = [TaskQueue() for _ in range(3)]
+        for m, queue in enumerate(queues):
+            mixed = rng.random() < 0.3  # requests carrying their own deadlines
+            for k, age in enumerate(sorted(rng.uniform(0.0, 0.03, rng.integers(0, 20)), reverse=True)):
+                queue.push(100 * m + k, 1.0 - age, SLO * (rng.choice([0.5, 1.0, 2.0]) if mixed else 1.0))
+        chunks = queue_chunks(queues, latency, None)
+        for m in range(3):
+            first = latency.models[m].latency(int(rng.integers(0, 4)), int(rng.integers(1, 11)))
+            if none_doomed(queues, latency, None, first, 1.0):
+                said += 1
+                assert doomed(chunks, m, first, 1.0) == 0
+    assert 100 < said < 1500  # both answers are exercised
 
 
 def test_fast_and_loop_scorers_give_the_default_the_same_decisions(latency: LatencyModel) -> None:
