@@ -312,7 +312,17 @@ def test_a_request_the_front_read_earlier_has_that_much_less_budget(served) -> N
     assert fresh.ok and fresh.deadline - fresh.queued == pytest.approx(0.3, abs=0.05)
 
 
-def test_requests_alike_read_at_different_times_share_one_planned_budget(served) -> None:
+@pytest.mark.parametrize(
+    ("margin_s", "agos"),
+    [
+        (5e-4, (0.004, 0.001, 0.009, 0.0, 0.002)),
+        # a margin past half the deadline: the plan's floor binds, and it is held to steps too
+        (0.6, (1e-4, 3e-5, 1.5e-4, 0.0, 6e-5)),
+    ],
+)
+def test_requests_alike_read_at_different_times_share_one_planned_budget(
+    served, margin_s: float, agos: tuple[float, ...]
+) -> None:
     """The plan runs from the read (`received`) and its measured margin is held steady, so a
     queue of requests alike has one budget: the policy then scores it the fast way."""
     _, models = served
@@ -325,10 +335,15 @@ def test_requests_alike_read_at_different_times_share_one_planned_budget(served)
             await asyncio.to_thread(factory.backend.entered.wait, 5)
             now = time.monotonic()
             futures = []
-            for ago in (0.004, 0.001, 0.009, 0.0, 0.002):  # reads of several connections, out of order
+            for ago in agos:  # reads of several connections, out of order
                 future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
                 server.enqueue(
-                    "tiny_a", x, future.set_result, deadline_ms=800, reply_margin_s=5e-4, received=now - ago
+                    "tiny_a",
+                    x,
+                    future.set_result,
+                    deadline_ms=800,
+                    reply_margin_s=margin_s,
+                    received=now - ago,
                 )
                 futures.append(future)
             queue = server._queues[0]
