@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from edgeserve.scheduler.candidates import Candidate, pick_min
 from edgeserve.scheduler.decision import Dispatch
-from edgeserve.scheduler.latency import LatencyModel
+from edgeserve.scheduler.latency import LatencyModel, ModelLatency
 from edgeserve.scheduler.queues import TaskQueue
 from edgeserve.scheduler.stability import StabilityPolicy
 from edgeserve.scheduler.urgency import Urgency
@@ -59,15 +59,20 @@ NONE_DOOMED_MARGIN_S = 1e-6
 _Chunk = tuple[float, int, int, float, list[float]]
 
 
+def _live(
+    queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: int | None
+) -> Iterator[tuple[int, TaskQueue, ModelLatency, int]]:
+    """The non-empty queues: index, queue, its model's latencies and the look-ahead's batch size."""
+    for q, queue in enumerate(queues):
+        if queue:
+            model = latency.models[q]
+            yield q, queue, model, min(model.max_batch, batch_cap or model.max_batch)
+
+
 def queue_chunks(queues: Sequence[TaskQueue], latency: LatencyModel, batch_cap: int | None) -> list[_Chunk]:
     """Every queue's first LOOKAHEAD_BATCHES batches (FIFO, B_max each), sorted by tightest deadline."""
     chunks: list[_Chunk] = []
-    for q, queue in enumerate(queues):
-        n = len(queue)
-        if not n:
-            continue
-        model = latency.models[q]
-        size = min(model.max_batch, batch_cap or model.max_batch)
+    for q, queue, model, size in _live(queues, latency, batch_cap):
         deadlines = queue.deadlines[: size * LOOKAHEAD_BATCHES].tolist()
         uniform = queue.uniform_budget is not None  # FIFO by age, one budget: already sorted
         by_batch = model.by_batch
@@ -89,13 +94,8 @@ def none_doomed(
     holds, and the executor waits for this decision between two batches."""
     end = now + first_delta
     tightest = math.inf
-    for q, queue in enumerate(queues):
-        n = len(queue)
-        if not n:
-            continue
-        model = latency.models[q]
-        size = min(model.max_batch, batch_cap or model.max_batch)
-        count = min(n, size * LOOKAHEAD_BATCHES)
+    for _, queue, model, size in _live(queues, latency, batch_cap):
+        count = min(len(queue), size * LOOKAHEAD_BATCHES)
         full, rest = divmod(count, size)
         by_batch = model.by_batch
         end += full * by_batch[size - 1][0] + (by_batch[rest - 1][0] if rest else 0.0)
