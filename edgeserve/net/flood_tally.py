@@ -45,6 +45,16 @@ class FloodTally:
             self.start = t
         return self.now
 
+    def count(self, t: float, accepted: int, refused: int, full: bool) -> None:
+        """Count, at loop time `t`, requests accepted and frames refused; `full`: with the
+        connection's full window (not the small one after a hold)."""
+        counts = self.roll(t)
+        counts.accepted += accepted
+        counts.refused += refused
+        if full:
+            counts.full_accepted += accepted
+            counts.full_refused += refused
+
     def lately(self, t: float) -> Counts:
         """The counts of the last one to two periods at loop time `t`."""
         age = t - self.start

@@ -640,7 +640,7 @@ class Connection(asyncio.Protocol):
             return  # _fail cleared the buffer
         del buffer[:pos]
         if self._over_window:
-            self._count_refused(self._over_window)
+            self._count(refused=self._over_window)
         if self._over_window >= FLOOD_FRAMES:
             self.last_flood = self._last_data
             if self._tally.floods_heavily(self._last_data, FLOOD_RATIO):
@@ -720,11 +720,9 @@ class Connection(asyncio.Protocol):
             del buffer[until:pos]
         return until, served
 
-    def _count_refused(self, n: int) -> None:
-        counts = self._tally.roll(self._last_data)
-        counts.refused += n
-        if self._last_data >= self._small_window_until:
-            counts.full_refused += n
+    def _count(self, accepted: int = 0, refused: int = 0) -> None:
+        now = self._last_data
+        self._tally.count(now, accepted, refused, full=now >= self._small_window_until)
 
     def polite(self, now: float) -> bool:
         """Within its window lately: no read FLOOD_FRAMES past it for POLITE_S, and fewer than
@@ -1027,10 +1025,7 @@ class Connection(asyncio.Protocol):
         """Count a request that will be answered (it now holds a place in the window)."""
         frontend = self.frontend
         frontend.stats.requests += 1
-        counts = self._tally.roll(self._last_data)
-        counts.accepted += 1
-        if self._last_data >= self._small_window_until:
-            counts.full_accepted += 1
+        self._count(accepted=1)
         self._in_flight += 1
         frontend.in_flight += 1
         if self._in_flight == 1:
