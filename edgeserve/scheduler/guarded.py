@@ -36,12 +36,18 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
-from edgeserve.scheduler.candidates import Candidate, pick_min
+from edgeserve.scheduler.candidates import TIE_RTOL, Candidate, pick_min
 from edgeserve.scheduler.decision import Dispatch
+from edgeserve.scheduler.fast_scoring import SMALL_STATE
 from edgeserve.scheduler.latency import LatencyModel, ModelLatency
 from edgeserve.scheduler.queues import TaskQueue
 from edgeserve.scheduler.stability import StabilityPolicy
 from edgeserve.scheduler.urgency import Urgency
+
+try:  # the usual decision compiled (setup.py; optional: without a C compiler Python decides)
+    from edgeserve.scheduler._quick import decide as compiled_decide
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    compiled_decide = None
 
 # "max": the paper's batch, min(|Q|, B_max); "lookahead": latency.split_batch cuts it where
 # smaller batches serve the same tasks sooner (the CPU profiles; on the GPU profile it is "max").
@@ -139,6 +145,7 @@ class GuardedStabilityPolicy:
         name: str = "stability-safe",
         batch_cap: int | None = None,
         batch_rule: str = "lookahead",
+        compiled: bool = True,
     ) -> None:
         if batch_rule not in BATCH_RULES:
             raise ValueError(f"unknown batch rule {batch_rule!r}; choose one of {BATCH_RULES}")
@@ -147,19 +154,41 @@ class GuardedStabilityPolicy:
         self.batch_cap = batch_cap
         self.batch_rule = batch_rule
         self._inner = StabilityPolicy(latency, urgency, "safe", batch_cap, scorer, name)
+        # The compiled path decides exactly as the fast Python scorer does (_quick.c), where it
+        # applies; `compiled=False` keeps to Python (tests compare the two).
+        threshold = self._inner.urgency.threshold
+        self._compiled = (
+            compiled_decide if compiled and scorer == "fast" and math.isfinite(threshold) else None
+        )
+        self._compiled_args = (threshold, self._inner.urgency.clip, self._inner.urgency.form == "code")
 
     @property
     def urgency(self) -> Urgency:
         return self._inner.urgency
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the compiled path takes the usual decisions (built, and a finite clip)."""
+        return self._compiled is not None
+
     def decide(self, queues: Sequence[TaskQueue], now: float) -> Dispatch | None:
-        candidates = self._inner.candidates(queues, now)
-        if not candidates:
-            return None
-        pool = [c for c in candidates if c.eligible]
-        pick = pool[pick_min([c.score for c in pool])]
-        if len(candidates) > 1:
-            pick = self._guard(queues, now, candidates, pick)
+        found = None
+        if self._compiled is not None:
+            theta, clip, code = self._compiled_args
+            found = self._compiled(
+                queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0,
+                SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S,
+            )  # fmt: skip
+        if found is not None:
+            pick = Candidate(*found)
+        else:
+            candidates = self._inner.candidates(queues, now)
+            if not candidates:
+                return None
+            pool = [c for c in candidates if c.eligible]
+            pick = pool[pick_min([c.score for c in pool])]
+            if len(candidates) > 1:
+                pick = self._guard(queues, now, candidates, pick)
         model = self.latency.models[pick.model]
         batch, delta = pick.batch, pick.delta_s
         if self.batch_rule == "lookahead" and batch > 1:

@@ -1,0 +1,294 @@
+/* The default policy's usual decision, compiled: what the executor thread runs between two batches.
+ *
+ * Why: under load the executor decides the next batch itself as one ends (runtime/executor.py),
+ * and the backend idles for as long as that decision takes. In Python it takes ~22 us on an idle
+ * core and ~32 us beside a busy event loop, against batches of ~0.5 ms on the demo models: the
+ * executor cannot be busy 95 % of the time. This file computes the same decision in ~2 us.
+ *
+ * Same decision, bit for bit: it is GuardedStabilityPolicy.decide (guarded.py) for the case that
+ * decides nearly every batch under load, with the same arithmetic in the same order as
+ * scoring_python.python_candidates, candidates.choose_exits (rule "safe"), candidates.pick_min and
+ * guarded.none_doomed. Compile with -ffp-contract=off (setup.py): a fused multiply-add would round
+ * differently. tests/scheduler/test_quick_decide.py compares it with the Python path on random
+ * states, exactly.
+ *
+ * decide(queues, models, now, theta, clip, code, batch_cap, small_state, tie_rtol,
+ *        lookahead_batches, none_doomed_margin)
+ *   -> (model, exit_pos, batch, delta_s, score) | None
+ *
+ * None whenever the case is not the usual one (a queue with mixed budgets, a state too big for the
+ * plain scorer, a guard that has to look further, no queued task, anything of an unexpected type):
+ * the Python path then decides, as it always could. It reads TaskQueue's slots (_head, _tail,
+ * _arrival, _deadline, _budget_counts) and ModelLatency's max_batch and by_batch.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+
+#define MAX_QUEUES 64
+#define MAX_TASKS 256 /* small_state (200) bounds the tasks the plain scorer takes */
+
+typedef struct {
+    Py_ssize_t index, n, k, max_batch, size, batch, exit, paper, protective;
+    double budget, slack, head_deadline, delta, score;
+    double *neg_ys; /* n values, oldest first */
+    double *suffix; /* n - k + 1 values: suffix[i - k] = sum of the factors of tasks i..n-1 */
+    PyObject *by_batch; /* a reference the clean-up releases */
+} Live;
+
+static PyObject *s_head, *s_tail, *s_arrival, *s_deadline, *s_budget_counts, *s_max_batch, *s_by_batch;
+
+static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) return -1;
+    *out = PyLong_Check(value) ? PyLong_AsSsize_t(value) : -1;
+    Py_DECREF(value);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    return *out < 0 ? -1 : 0;
+}
+
+/* One double of a 1-D float64 array attribute, at index i. */
+static int get_item(PyObject *obj, PyObject *name, Py_ssize_t i, Py_ssize_t count, double *out) {
+    PyObject *array = PyObject_GetAttr(obj, name);
+    if (array == NULL) return -1;
+    Py_buffer view;
+    int rc = PyObject_GetBuffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
+    Py_DECREF(array);
+    if (rc < 0) return -1;
+    rc = -1;
+    if (view.ndim == 1 && view.itemsize == 8 && view.format != NULL && strcmp(view.format, "d") == 0 &&
+        i + count <= view.shape[0]) {
+        memcpy(out, (double *)view.buf + i, (size_t)count * sizeof(double));
+        rc = 0;
+    }
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+/* by_batch[b][e] as a double (b, e zero-based); -1 if the table is not what ModelLatency builds. */
+static int table(PyObject *by_batch, Py_ssize_t b, Py_ssize_t e, double *out) {
+    if (!PyTuple_Check(by_batch) || b < 0 || b >= PyTuple_GET_SIZE(by_batch)) return -1;
+    PyObject *column = PyTuple_GET_ITEM(by_batch, b);
+    if (!PyTuple_Check(column) || e < 0 || e >= PyTuple_GET_SIZE(column)) return -1;
+    PyObject *value = PyTuple_GET_ITEM(column, e);
+    if (!PyFloat_Check(value)) return -1;
+    *out = PyFloat_AS_DOUBLE(value);
+    return 0;
+}
+
+static Py_ssize_t n_exits(PyObject *by_batch, Py_ssize_t b) {
+    return PyTuple_GET_SIZE(PyTuple_GET_ITEM(by_batch, b)); /* checked by table() first */
+}
+
+/* ModelLatency.deepest_feasible */
+static int deepest_feasible(PyObject *by_batch, Py_ssize_t batch, double slack, Py_ssize_t *out) {
+    double value;
+    if (table(by_batch, batch - 1, 0, &value) < 0) return -1;
+    for (Py_ssize_t pos = n_exits(by_batch, batch - 1) - 1; pos >= 0; pos--) {
+        table(by_batch, batch - 1, pos, &value);
+        if (value <= slack) {
+            *out = pos;
+            return 0;
+        }
+    }
+    *out = 0;
+    return 0;
+}
+
+/* bisect.bisect_right */
+static Py_ssize_t bisect_right(const double *a, Py_ssize_t n, double x) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (x < a[mid])
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Everything a queue of at most `room` tasks contributes; 1: empty (skip), 0: read, -1: not the
+ * usual case. */
+static int read_queue(PyObject *queue, Py_ssize_t room, double now, double theta, int code, double *ys,
+                      double *sums, Live *q) {
+    Py_ssize_t head, tail;
+    if (get_ssize(queue, s_head, &head) < 0 || get_ssize(queue, s_tail, &tail) < 0) return -1;
+    q->n = tail - head;
+    if (q->n <= 0 || q->n > room) return q->n == 0 ? 1 : -1;
+    PyObject *counts = PyObject_GetAttr(queue, s_budget_counts);
+    if (counts == NULL) return -1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    int one = PyDict_Check(counts) && PyDict_GET_SIZE(counts) == 1 && PyDict_Next(counts, &pos, &key, &value);
+    q->budget = one ? PyFloat_AsDouble(key) : -1.0;
+    Py_DECREF(counts);
+    if (!one || PyErr_Occurred()) return -1; /* mixed budgets: scoring_python does not apply */
+    if (get_item(queue, s_arrival, head, q->n, ys) < 0) return -1;
+    if (get_item(queue, s_deadline, head, 1, &q->head_deadline) < 0) return -1;
+    double budget = q->budget, first_arrival = ys[0];
+    for (Py_ssize_t i = 0; i < q->n; i++) ys[i] = (ys[i] - now) / budget;
+    q->neg_ys = ys;
+    q->k = bisect_right(ys, q->n, -theta);
+    /* accumulate(factors of tasks n-1 .. k, initial=0.0), then reversed */
+    Py_ssize_t m = q->n - q->k;
+    double total = 0.0;
+    sums[m] = 0.0;
+    for (Py_ssize_t j = 1; j <= m; j++) {
+        double v = ys[q->n - j];
+        total += code ? exp(-v - 1.0) : expm1(-v);
+        sums[m - j] = total;
+    }
+    q->suffix = sums;
+    q->slack = (first_arrival + budget) - now;
+    return 0;
+}
+
+static PyObject *decide(PyObject *self, PyObject *args) {
+    PyObject *queues, *models;
+    double now, theta, clip, tie_rtol, margin;
+    int code;
+    Py_ssize_t batch_cap, small_state, lookahead;
+    if (!PyArg_ParseTuple(args, "OOdddpnndnd", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
+                          &small_state, &tie_rtol, &lookahead, &margin))
+        return NULL;
+    if (!PyList_Check(queues) && !PyTuple_Check(queues)) Py_RETURN_NONE;
+    if (!PyTuple_Check(models) || !isfinite(theta)) Py_RETURN_NONE;
+    Py_ssize_t n_queues = PySequence_Fast_GET_SIZE(queues);
+    if (n_queues > MAX_QUEUES || n_queues > PyTuple_GET_SIZE(models)) Py_RETURN_NONE;
+
+    Live live[MAX_QUEUES];
+    double ys[MAX_TASKS], sums[MAX_TASKS + MAX_QUEUES];
+    Py_ssize_t count = 0, tasks = 0, used = 0;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n_queues; i++) {
+        Live *q = &live[count];
+        int rc = read_queue(PySequence_Fast_GET_ITEM(queues, i), MAX_TASKS - tasks, now, theta, code, ys + tasks,
+                            sums + used, q);
+        if (rc < 0) goto fallback;
+        if (rc == 1) continue;
+        q->index = i;
+        PyObject *model = PyTuple_GET_ITEM(models, i);
+        if (get_ssize(model, s_max_batch, &q->max_batch) < 0 || q->max_batch < 1) goto fallback;
+        q->by_batch = PyObject_GetAttr(model, s_by_batch);
+        if (q->by_batch == NULL) goto fallback;
+        count++; /* from here on the clean-up releases its table */
+        Py_ssize_t cap = batch_cap ? batch_cap : q->max_batch;
+        q->size = q->max_batch < cap ? q->max_batch : cap; /* the look-ahead's batches */
+        q->batch = q->n < q->size ? q->n : q->size;
+        tasks += q->n;
+        used += q->n - q->k + 1;
+    }
+    if (count == 0 || tasks + 3 * count * count > small_state) goto fallback;
+
+    /* choose_exits(rule="safe") */
+    double spares[MAX_QUEUES];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double shallowest;
+        if (table(live[i].by_batch, live[i].batch - 1, 0, &shallowest) < 0) goto fallback;
+        spares[i] = live[i].slack - shallowest;
+        if (deepest_feasible(live[i].by_batch, live[i].batch, live[i].slack, &live[i].paper) < 0) goto fallback;
+    }
+    int any_safe = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Live *q = &live[i];
+        double shallowest, limit = q->slack, value;
+        table(q->by_batch, q->batch - 1, 0, &shallowest);
+        for (Py_ssize_t j = 0; j < count; j++)
+            if (shallowest <= spares[j] && spares[j] < limit && j != i) limit = spares[j];
+        Py_ssize_t pos = n_exits(q->by_batch, q->batch - 1) - 1;
+        while (pos >= 0 && (table(q->by_batch, q->batch - 1, pos, &value), value > limit)) pos--;
+        q->protective = pos >= 0 ? pos : q->paper;
+        any_safe |= q->paper <= q->protective;
+    }
+
+    /* python_candidates' scores, then pick_min over the eligible */
+    const double e1 = M_E - 1.0;
+    Py_ssize_t pool[MAX_QUEUES], n_pool = 0;
+    for (Py_ssize_t c = 0; c < count; c++) {
+        Live *m = &live[c];
+        m->exit = any_safe ? m->paper : m->protective;
+        if (!any_safe || m->paper <= m->protective) pool[n_pool++] = c;
+        table(m->by_batch, m->batch - 1, m->exit, &m->delta);
+        double score = 0.0;
+        for (Py_ssize_t j = 0; j < count; j++) {
+            Live *q = &live[j];
+            double shift = m->delta / q->budget;
+            Py_ssize_t clipped = bisect_right(q->neg_ys, q->n, shift - theta);
+            Py_ssize_t served = j == c ? m->batch : 0, first;
+            if (clipped > served) {
+                score += clip * (double)(clipped - served);
+                first = clipped;
+            } else {
+                first = served;
+            }
+            if (first >= q->n) continue;
+            if (code)
+                score += exp(shift) * q->suffix[first - q->k];
+            else
+                score += (exp(shift) * q->suffix[first - q->k] + (double)(q->n - first) * expm1(shift)) / e1;
+        }
+        m->score = score;
+    }
+    double best = live[pool[0]].score;
+    for (Py_ssize_t i = 1; i < n_pool; i++)
+        if (live[pool[i]].score < best) best = live[pool[i]].score;
+    Live *pick = NULL;
+    for (Py_ssize_t i = 0; i < n_pool && pick == NULL; i++) {
+        double s = live[pool[i]].score;
+        if (isinf(best) || isnan(best)) {
+            if (s == best || (isnan(best) && isnan(s))) pick = &live[pool[i]];
+        } else if (s <= best + tie_rtol * fabs(best)) {
+            pick = &live[pool[i]];
+        }
+    }
+    if (pick == NULL) goto fallback;
+
+    /* guarded.none_doomed: the guard keeps the pick without a look-ahead */
+    if (count > 1) {
+        double end = now + pick->delta, tightest = INFINITY;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Live *q = &live[i];
+            Py_ssize_t size = q->size, n = q->n < size * lookahead ? q->n : size * lookahead;
+            Py_ssize_t full = n / size, rest = n % size;
+            double whole, part = 0.0;
+            if (table(q->by_batch, size - 1, 0, &whole) < 0) goto fallback;
+            if (rest && table(q->by_batch, rest - 1, 0, &part) < 0) goto fallback;
+            end += (double)full * whole + part;
+            if (q->head_deadline < tightest) tightest = q->head_deadline;
+        }
+        if (!(tightest > end + margin)) goto fallback;
+    }
+    result = Py_BuildValue("nnndd", pick->index, pick->exit, pick->batch, pick->delta, pick->score);
+    goto done;
+
+fallback:
+    if (PyErr_Occurred()) PyErr_Clear(); /* an unexpected shape: the Python path decides (and says why) */
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (Py_ssize_t i = 0; i < count; i++) Py_DECREF(live[i].by_batch);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decide", decide, METH_VARARGS,
+     "The default policy's decision where no queue mixes budgets and the guard keeps the stability\n"
+     "pick: (model, exit_pos, batch, delta_s, score), or None for the Python path."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_quick", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__quick(void) {
+    s_head = PyUnicode_InternFromString("_head");
+    s_tail = PyUnicode_InternFromString("_tail");
+    s_arrival = PyUnicode_InternFromString("_arrival");
+    s_deadline = PyUnicode_InternFromString("_deadline");
+    s_budget_counts = PyUnicode_InternFromString("_budget_counts");
+    s_max_batch = PyUnicode_InternFromString("max_batch");
+    s_by_batch = PyUnicode_InternFromString("by_batch");
+    if (!s_head || !s_tail || !s_arrival || !s_deadline || !s_budget_counts || !s_max_batch || !s_by_batch)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,118 @@
+"""The compiled decision (scheduler/_quick.c) against the Python path it replaces: the same
+Dispatch, to the bit, on random states; None (the Python path decides) wherever it does not apply."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeserve.profile import ProfileTable
+from edgeserve.scheduler import LatencyModel, TaskQueue, Urgency
+from edgeserve.scheduler.candidates import TIE_RTOL
+from edgeserve.scheduler.fast_scoring import SMALL_STATE
+from edgeserve.scheduler.guarded import (
+    LOOKAHEAD_BATCHES,
+    NONE_DOOMED_MARGIN_S,
+    GuardedStabilityPolicy,
+    compiled_decide,
+)
+from edgeserve.scheduler.synthetic import paper_gpu_profiles
+
+CPU = Path(__file__).parent / "data" / "cpu" / "t1"
+needs_compiled = pytest.mark.skipif(compiled_decide is None, reason="edgeserve.scheduler._quick is not built")
+
+
+def test_the_compiled_path_is_built_wherever_a_c_compiler_is() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine: the Python path decides")
+    assert compiled_decide is not None, "reinstall (`pip install -e .`, `make` does it) to build _quick.c"
+
+
+def _latencies() -> list[LatencyModel]:
+    gpu = paper_gpu_profiles(samples=20)
+    cpu = [ProfileTable.load(CPU / f"digits-{s}.profile.json") for s in "sml"]
+    return [
+        LatencyModel.from_profiles(gpu),
+        LatencyModel.from_profiles(cpu),
+        LatencyModel.from_profiles([gpu[2]]),  # one model: no guard
+        LatencyModel.from_profiles(cpu * 2, names=[f"m{i}" for i in range(6)]),  # six queues
+    ]
+
+
+def _queues(rng: np.random.Generator, latency: LatencyModel, now: float) -> list[TaskQueue]:
+    """Each queue one budget (its own), from idle to far past its deadlines; some empty."""
+    slowest = max(float(m.seconds.max()) for m in latency.models)
+    queues = []
+    for m in range(len(latency.models)):
+        queue = TaskQueue(capacity=4)
+        budget = slowest * float(rng.choice([0.3, 1.0, 2.5, 8.0]))
+        size = int(rng.choice([0, 1, 3, 9, 25]))
+        for k, age in enumerate(
+            sorted(rng.uniform(0.0, budget * rng.choice([0.2, 1.0, 3.0]), size), reverse=True)
+        ):
+            queue.push(100 * m + k, now - age, budget)
+        queues.append(queue)
+    return queues
+
+
+def _compiled(policy: GuardedStabilityPolicy, queues: list[TaskQueue], now: float) -> tuple | None:
+    urgency = policy.urgency
+    return compiled_decide(
+        queues, policy.latency.models, now, urgency.threshold, urgency.clip, urgency.form == "code",
+        policy.batch_cap or 0, SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S,
+    )  # fmt: skip
+
+
+@needs_compiled
+@pytest.mark.parametrize("urgency", [Urgency(), Urgency("code"), Urgency("paper", clip=2.0)], ids=str)
+@pytest.mark.parametrize("batch_cap", [None, 3])
+def test_the_compiled_path_decides_exactly_as_python(urgency: Urgency, batch_cap: int | None) -> None:
+    rng = np.random.default_rng(7)
+    taken = fallbacks = 0
+    for latency in _latencies():
+        compiled = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap)
+        python = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap, compiled=False)
+        assert compiled.compiled and not python.compiled
+        for _ in range(400):
+            now = 1000.0 + float(rng.uniform(0.0, 1.0))
+            queues = _queues(rng, latency, now)
+            if _compiled(compiled, queues, now) is None:
+                fallbacks += 1
+            else:
+                taken += 1
+            assert compiled.decide(queues, now) == python.decide(queues, now)  # floats compared exactly
+    assert taken > 400 and fallbacks > 100  # both paths exercised
+
+
+@needs_compiled
+def test_the_compiled_path_leaves_to_python_what_it_does_not_cover() -> None:
+    latency = _latencies()[0]
+    policy = GuardedStabilityPolicy(latency)
+    now, slo = 10.0, 0.05
+    assert _compiled(policy, [TaskQueue() for _ in range(3)], now) is None  # nothing queued
+
+    mixed = [TaskQueue() for _ in range(3)]
+    mixed[0].push(1, now - 0.01, slo)
+    mixed[0].push(2, now - 0.005, slo / 2)  # a request with its own deadline
+    assert _compiled(policy, mixed, now) is None
+
+    big = [TaskQueue() for _ in range(3)]
+    for k in range(SMALL_STATE + 1):
+        big[1].push(k, now - 0.04 + k * 1e-5, slo)
+    assert _compiled(policy, big, now) is None  # the numpy scorer's size
+
+    # A head only saved if served first (test_guarded's first case): the guard must look further.
+    doomed = [TaskQueue() for _ in range(3)]
+    doomed[0].push(0, now - 0.047, slo)
+    for k in range(10):
+        doomed[2].push(1 + k, now - 0.030, slo)
+    assert _compiled(policy, doomed, now) is None
+    assert policy.decide(doomed, now).model == 0
+
+    light = [TaskQueue() for _ in range(3)]
+    light[1].push(0, now - 0.001, slo)
+    model, exit_pos, batch, delta, _ = _compiled(policy, light, now)
+    assert (model, batch) == (1, 1) and delta == latency.models[1].latency(exit_pos, 1)
