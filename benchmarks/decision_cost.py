@@ -3,7 +3,8 @@
 Both decide on the same random queue states in the same run (interleaved, so machine noise hits
 both alike); every decision is checked to agree. Scales: the paper's (3 models x 4 exits x
 B_max 10, ~30 queued tasks), a middle one, and 16 models with 1000 queued tasks; plus requests
-carrying their own deadlines (the exact fallback path).
+carrying their own deadlines (the exact fallback path). The default policy is also timed without
+its compiled path (scheduler/_quick.c), on the usual states and on light ones (what a server sees).
 
     .venv/bin/python benchmarks/decision_cost.py            # ~1 minute on 2 cores
     .venv/bin/python benchmarks/decision_cost.py --states 100
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from edgeserve.scheduler import DEFAULT_POLICY, PolicyOptions, make_policy
+from edgeserve.scheduler.guarded import GuardedStabilityPolicy
 from edgeserve.scheduler.latency import LatencyModel
 from edgeserve.scheduler.queues import TaskQueue
 from edgeserve.scheduler.stability import StabilityPolicy
@@ -35,6 +37,8 @@ class Scale:
     mixed_budgets: bool = False
     exit_rule: str = "adaptive"
     policy: str = ""  # a policy name (make_policy) instead of StabilityPolicy(exit_rule)
+    max_age: float = 1.5  # queued tasks' ages up to this many SLOs
+    compiled: bool = True  # False: the default policy without its compiled path (_quick.c)
 
 
 SCALES = (
@@ -46,6 +50,18 @@ SCALES = (
     Scale("paper scale, edgeserve 'safe' exit rule", 3, 30, exit_rule="safe"),
     Scale("16 models, 1000 tasks, 'safe' exit rule", 16, 1000, exit_rule="safe"),
     Scale(f"paper scale, default policy ({DEFAULT_POLICY})", 3, 30, policy=DEFAULT_POLICY),
+    Scale("paper scale, default, Python only", 3, 30, policy=DEFAULT_POLICY, compiled=False),
+    # what the server sees below saturation and under admission control: nothing doomed, the
+    # compiled path decides (the rows above are mostly past deadlines: the guard looks further)
+    Scale("paper scale, default, ages < 0.3 SLO", 3, 30, policy=DEFAULT_POLICY, max_age=0.3),
+    Scale(
+        "paper scale, default, ages < 0.3 SLO, Python only",
+        3,
+        30,
+        policy=DEFAULT_POLICY,
+        max_age=0.3,
+        compiled=False,
+    ),
     Scale(f"16 x 1000, default policy ({DEFAULT_POLICY})", 16, 1000, policy=DEFAULT_POLICY),
     Scale(
         "16 x 1000, default policy, per-request deadlines",
@@ -72,9 +88,10 @@ def latency_model(n_models: int) -> LatencyModel:
 
 
 def random_state(rng: np.random.Generator, scale: Scale, now: float) -> list[TaskQueue]:
-    """Tasks spread over the models, ages uniform in [0, 1.5 SLO] (some already late, some clipped)."""
+    """Tasks spread over the models, ages uniform in [0, max_age SLO] (by default some already late,
+    some clipped)."""
     queues = [TaskQueue() for _ in range(scale.models)]
-    ages = np.sort(rng.uniform(0.0, 1.5 * SLO, scale.tasks))[::-1]
+    ages = np.sort(rng.uniform(0.0, scale.max_age * SLO, scale.tasks))[::-1]
     owners = rng.integers(0, scale.models, scale.tasks)
     for k, (age, m) in enumerate(zip(ages, owners, strict=True)):
         budget = SLO * float(rng.choice([0.6, 1.0, 2.0])) if scale.mixed_budgets else SLO
@@ -87,6 +104,9 @@ def measure(scale: Scale, states: int, repeat: int, seed: int = 0) -> dict[str, 
     latency = latency_model(scale.models)
     if scale.policy:  # the same policy, its stability scores from the fast path or the loop
         fast = make_policy(scale.policy, latency, PolicyOptions(scorer="fast"))
+        if not scale.compiled:
+            assert scale.policy == DEFAULT_POLICY, "compiled=False rows time the default policy"
+            fast = GuardedStabilityPolicy(latency, name=scale.policy, compiled=False)
         loop = make_policy(scale.policy, latency, PolicyOptions(scorer="loop"))
     else:
         fast = StabilityPolicy(latency, Urgency(), scale.exit_rule, scorer="fast")
