@@ -54,7 +54,7 @@ import numpy as np
 from soak import read_exposition, start_server, stop_server  # benchmarks/soak.py, next to this file
 
 from edgeserve.loop import new_event_loop
-from edgeserve.net.listeners import free_port
+from edgeserve.net.listeners import free_ports
 from edgeserve.repository import ModelRepository
 from edgeserve.tools.bench import default_ratios, split_rate
 from edgeserve.tools.demo import DEMO_MODELS, DEMO_SLO_MS
@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     slos = {m: DEMO_SLO_MS[m] for m in models}
     workdir = Path(tempfile.mkdtemp(prefix="edgeserve-overload-"))  # short: UNIX socket paths are limited
     config, sock, log = workdir / "serve.toml", workdir / "edgeserve.sock", workdir / "serve.log"
-    tcp, metrics_port = free_port(), free_port()
+    tcp, metrics_port = free_ports(2)
     write_config(config, args, slos, sock, [tcp, metrics_port], "all")
     ratios = default_ratios(len(models))
     base: dict[str, Any] = {"models": models, "weights": [r / sum(ratios) for r in ratios]}

@@ -23,7 +23,7 @@ from edgeserve.config.server import ListenConfig
 from edgeserve.errors import ListenError, listen_failure
 from edgeserve.net.frontend import Frontend
 
-__all__ = ["ListenError", "Listeners", "free_port", "open_listeners", "require_listener"]
+__all__ = ["ListenError", "Listeners", "free_port", "free_ports", "open_listeners", "require_listener"]
 
 
 @dataclass
@@ -137,6 +137,14 @@ async def open_listeners(frontend: Frontend, listen: ListenConfig) -> Listeners:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now, for configs that must name one ahead of time."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` different free TCP ports (two calls of free_port may return the same one: the
+    kernel can hand out a port again as soon as its probe is closed)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]

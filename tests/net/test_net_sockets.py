@@ -20,6 +20,7 @@ from edgeserve.loop import run
 from edgeserve.net import frontend as frontend_module
 from edgeserve.net.flood_tally import LIGHT_TRACK
 from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT, Connection
+from edgeserve.net.listeners import free_ports
 from edgeserve.net.preprocess import preprocess_frame
 from edgeserve.wire.client import AsyncClient, BlockingClient, Reply, ServerRefused
 from edgeserve.wire.frames import HEADER, encode_frame
@@ -398,3 +399,11 @@ def test_a_client_that_does_not_read_is_paused_and_does_not_stall_others(served,
     # to the socket (Connection._transmit) and partly through the transport's buffer.
     assert sorted(a["id"] for a in answers) == list(range(n))
     assert {a["status"] for a in answers} <= {"ok", "rejected"}
+
+
+def test_free_ports_are_distinct_and_free() -> None:
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    for port in ports:  # nothing holds them once returned: each can be bound
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
