@@ -171,24 +171,21 @@ class GuardedStabilityPolicy:
         """Whether the compiled path takes the usual decisions (built, and a finite clip)."""
         return self._compiled is not None
 
+    def compiled_pick(self, queues: Sequence[TaskQueue], now: float) -> Candidate | None:
+        """The compiled path's pick (the same as Python's), or None where it does not apply."""
+        if self._compiled is None:
+            return None
+        theta, clip, code = self._compiled_args
+        found = self._compiled(
+            queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0,
+            SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S,
+        )  # fmt: skip
+        return None if found is None else Candidate(*found)
+
     def decide(self, queues: Sequence[TaskQueue], now: float) -> Dispatch | None:
-        found = None
-        if self._compiled is not None:
-            theta, clip, code = self._compiled_args
-            found = self._compiled(
-                queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0,
-                SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S,
-            )  # fmt: skip
-        if found is not None:
-            pick = Candidate(*found)
-        else:
-            candidates = self._inner.candidates(queues, now)
-            if not candidates:
-                return None
-            pool = [c for c in candidates if c.eligible]
-            pick = pool[pick_min([c.score for c in pool])]
-            if len(candidates) > 1:
-                pick = self._guard(queues, now, candidates, pick)
+        pick = self.compiled_pick(queues, now) or self._pick(queues, now)
+        if pick is None:
+            return None
         model = self.latency.models[pick.model]
         batch, delta = pick.batch, pick.delta_s
         if self.batch_rule == "lookahead" and batch > 1:
@@ -201,6 +198,15 @@ class GuardedStabilityPolicy:
             predicted_s=delta,
             score=pick.score,
         )
+
+    def _pick(self, queues: Sequence[TaskQueue], now: float) -> Candidate | None:
+        """The stability-safe pick, checked by the guard (None: nothing queued)."""
+        candidates = self._inner.candidates(queues, now)
+        if not candidates:
+            return None
+        pool = [c for c in candidates if c.eligible]
+        pick = pool[pick_min([c.score for c in pool])]
+        return self._guard(queues, now, candidates, pick) if len(candidates) > 1 else pick
 
     def _guard(
         self, queues: Sequence[TaskQueue], now: float, candidates: list[Candidate], pick: Candidate

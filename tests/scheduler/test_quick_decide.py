@@ -11,14 +11,8 @@ import pytest
 
 from edgeserve.profile import ProfileTable
 from edgeserve.scheduler import LatencyModel, TaskQueue, Urgency
-from edgeserve.scheduler.candidates import TIE_RTOL
 from edgeserve.scheduler.fast_scoring import SMALL_STATE
-from edgeserve.scheduler.guarded import (
-    LOOKAHEAD_BATCHES,
-    NONE_DOOMED_MARGIN_S,
-    GuardedStabilityPolicy,
-    compiled_decide,
-)
+from edgeserve.scheduler.guarded import GuardedStabilityPolicy, compiled_decide
 from edgeserve.scheduler.synthetic import paper_gpu_profiles
 
 CPU = Path(__file__).parent / "data" / "cpu" / "t1"
@@ -59,11 +53,9 @@ def _queues(rng: np.random.Generator, latency: LatencyModel, now: float) -> list
 
 
 def _compiled(policy: GuardedStabilityPolicy, queues: list[TaskQueue], now: float) -> tuple | None:
-    urgency = policy.urgency
-    return compiled_decide(
-        queues, policy.latency.models, now, urgency.threshold, urgency.clip, urgency.form == "code",
-        policy.batch_cap or 0, SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S,
-    )  # fmt: skip
+    """(model, exit_pos, batch, delta_s, score) as the compiled path picks it, or None."""
+    pick = policy.compiled_pick(queues, now)
+    return None if pick is None else tuple(pick[:5])
 
 
 @needs_compiled
