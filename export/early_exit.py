@@ -9,7 +9,7 @@ stored once) and lets the runtime stop after any stage.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -17,7 +17,6 @@ from torch import nn
 from edgeserve.export.errors import ExportError
 
 
-@runtime_checkable
 class EarlyExitModel(Protocol):
     """What `edgeserve export` needs from a torch module.
 
@@ -48,12 +47,12 @@ def exit_stages(model: EarlyExitModel) -> list[int]:
     where = type(model).__name__
     if not isinstance(model, nn.Module):
         raise ExportError(f"{where} is not a torch.nn.Module; only torch modules can be exported")
-    if not isinstance(model, EarlyExitModel):
-        missing = [
-            a
-            for a in ("stages", "heads", "exit_names", "input_shape", "num_classes")
-            if not hasattr(model, a)
-        ]
+    # hasattr, not isinstance(model, EarlyExitModel): since Python 3.12 a runtime-checkable protocol
+    # looks attributes up statically, and misses the submodules nn.Module keeps in `_modules`.
+    missing = [
+        a for a in ("stages", "heads", "exit_names", "input_shape", "num_classes") if not hasattr(model, a)
+    ]
+    if missing:
         raise ExportError(
             f"{where} does not follow the early-exit contract: it lacks {', '.join(missing)} "
             "(see edgeserve.export.early_exit.EarlyExitModel)"

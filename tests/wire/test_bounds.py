@@ -212,7 +212,7 @@ def _infer(**fields: object) -> dict[str, object]:
         {"tensor": {"dtype": "float32", "shape": [2**31 - 1] * 8, "data": b"\0" * 8_000_000}},
         {"x" * 1_000_000: 1},
         {"deadline_ms": 5e-324},
-        {"capture_ts": time.time() + 10 * MAX_CLOCK_SKEW_S},
+        pytest.param({"capture_ts": time.time() + 10 * MAX_CLOCK_SKEW_S}, id="capture_ts in the future"),
         {"priority": 2**64 - 1},
     ],
     ids=lambda f: brief(f, 40),
