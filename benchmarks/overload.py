@@ -26,6 +26,8 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --late-tasks expire --capacity 12000   # fixed offered rates
     .venv/bin/python benchmarks/overload.py --connections 16 --no-fairness         # many clients
     .venv/bin/python benchmarks/overload.py --split 0.7,0.1,0.1,0.1 --flood 3      # uneven clients
+    edgeserve-profile --backend torch --device cuda --threads 1                    # a GPU box, then:
+    .venv/bin/python benchmarks/overload.py --backend torch --device cuda
 """
 
 from __future__ import annotations
@@ -413,7 +415,8 @@ def write_config(
     path: Path, args: argparse.Namespace, slos: dict[str, float], sock: Path, ports: list[int], admission: str
 ) -> None:
     lines = [f"repository = {json.dumps(str(args.repository.resolve()))}", "shutdown_timeout_s = 5.0"]
-    lines += ["[backend]", 'name = "onnxruntime"', "threads = 1"]  # the profile's fingerprint: 1 thread
+    lines += ["[backend]", f"name = {json.dumps(args.backend)}", "threads = 1"]  # as profiled: 1 thread
+    lines += [f"device = {json.dumps(args.device)}"] if args.device else []
     lines += [
         "[listen]",
         f"unix = {json.dumps(str(sock))}",
@@ -483,6 +486,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--reply-margin-ms", type=float, help="[listen] reply_margin_ms (default: the server's)"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("onnxruntime", "torch", "tensorrt"),
+        default="onnxruntime",
+        help="[backend] name (default onnxruntime); profile it first with --threads 1",
+    )
+    parser.add_argument("--device", help="[backend] device, e.g. cuda (torch: default cuda if available)")
     parser.add_argument("--repository", type=Path, default=Path("engines"))
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--plot", type=Path, help="goodput vs offered load to this PNG (matplotlib)")

@@ -3,7 +3,8 @@
 cuda-python (not pycuda): NVIDIA's TensorRT samples use it, it is a thin generated binding of the
 CUDA runtime with no context-management layer of its own (pycuda's autoinit would create a second
 primary context on Jetson), and it ships wheels for aarch64. Imported lazily: a CPU box never
-loads this module. GPU-only code: not executed by the test suite (no GPU there).
+loads this module. GPU-only code: tests/runtime/backends/test_cuda_runtime.py runs it where there
+is a GPU (not in CI).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def device_info(cudart: Any, device: int = 0) -> DeviceInfo:
     props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
     name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
     return DeviceInfo(name.rstrip("\x00").strip(), f"{props.major}.{props.minor}")
+
+
+def new_stream(cudart: Any) -> Any:
+    """A stream that does not synchronize with the legacy default stream (other libraries' work)."""
+    return check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
 
 
 def host_view(address: int, nbytes: int, dtype: str) -> np.ndarray:

@@ -31,7 +31,7 @@ from edgeserve.manifest import Manifest
 from edgeserve.onnx_graph import sample_batch
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.buffer_plan import BufferPlan, plan_buffers
-from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart
+from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart, new_stream
 from edgeserve.runtime.backends.engine_cache import (
     BuildTarget,
     EngineRecord,
@@ -98,8 +98,7 @@ class TensorRTBackend:
         if not chain:
             refuse_unservable(manifest)
         if self._stream is None:
-            flags = self.cudart.cudaStreamNonBlocking
-            self._stream = check(self.cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags")
+            self._stream = new_stream(self.cudart)
         records = [
             load_current_record(self.repository, manifest, k, self.target)
             for k in range(len(manifest.stages))

@@ -5,9 +5,12 @@ rebuilt from the spec the manifest records (`source`: registry model and options
 and its weights are checked against the exported `weights_sha256`, so it runs exactly what the
 ONNX stages were exported from. torch is imported lazily (serving code never needs it).
 
-On CUDA every (exit, batch) up to `max_batch` is captured once as a CUDA graph (static input and
-output tensors, warm-up on a side stream first, as torch.cuda.graphs asks) and a call replays it.
-That path is GPU-only and not executed by the test suite (no GPU there); the CPU path is.
+On CUDA every (exit, batch) up to `max_batch` is captured once as a CUDA graph (warm-up on a side
+stream first, as torch.cuda.graphs asks) that also holds the copies from a pinned input buffer and to
+a pinned output buffer: a call writes the batch into the pinned input with numpy, replays the graph
+and synchronizes. Two calls that let go of the GIL (replay, synchronize) instead of one per torch op:
+on a server whose event loop wants the GIL, each one is a wait to get it back. The CUDA path runs in
+tests/runtime/backends/test_torch_cuda.py where there is a GPU (not in CI); the CPU path runs in CI.
 """
 
 from __future__ import annotations
@@ -66,10 +69,18 @@ def model_request_from_source(manifest: Manifest) -> Any:
 
 
 @dataclass
+class _Graph:
+    graph: Any  # torch.cuda.CUDAGraph: pinned input -> device -> the exit's logits -> pinned output
+    host_in: np.ndarray  # numpy views of the pinned buffers (written and read without torch)
+    host_out: np.ndarray
+    keep: tuple[Any, ...]  # the tensors the graph reads and writes, alive as long as it is
+
+
+@dataclass
 class _Loaded:
     manifest: Manifest
     module: Any
-    graphs: dict[tuple[int, int], tuple[Any, Any, Any]] = field(default_factory=dict)  # graph, in, out
+    graphs: dict[tuple[int, int], _Graph] = field(default_factory=dict)
 
 
 class TorchBackend:
@@ -146,17 +157,22 @@ class TorchBackend:
         with torch.inference_mode():
             for exit in range(len(loaded.manifest.exits)):
                 for batch in range(1, self.max_batch + 1):
+                    pinned_in = torch.zeros((batch, *shape), dtype=dtype).pin_memory()
                     static_in = torch.zeros((batch, *shape), dtype=dtype, device=self.device)
                     side = torch.cuda.Stream(self.device)
                     side.wait_stream(torch.cuda.current_stream(self.device))
                     with torch.cuda.stream(side):
                         for _ in range(max(self.warmup, 1)):
-                            self._forward(loaded.module, static_in, exit)
+                            warm = self._forward(loaded.module, static_in, exit)
                     torch.cuda.current_stream(self.device).wait_stream(side)
+                    pinned_out = torch.zeros(tuple(warm.shape), dtype=torch.float32).pin_memory()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
-                        static_out = self._forward(loaded.module, static_in, exit)
-                    loaded.graphs[(exit, batch)] = (graph, static_in, static_out)
+                        static_in.copy_(pinned_in, non_blocking=True)
+                        static_out = self._forward(loaded.module, static_in, exit).float()
+                        pinned_out.copy_(static_out, non_blocking=True)
+                    keep = (pinned_in, static_in, static_out, pinned_out)
+                    loaded.graphs[(exit, batch)] = _Graph(graph, pinned_in.numpy(), pinned_out.numpy(), keep)
 
     @property
     def models(self) -> list[str]:
@@ -169,14 +185,13 @@ class TorchBackend:
         batch = validate_feeds(loaded.manifest, batch)[loaded.manifest.input.name]
         torch = self.torch
         captured = loaded.graphs.get((exit, batch.shape[0]))
+        if captured is not None:
+            captured.host_in[...] = batch
+            captured.graph.replay()
+            torch.cuda.current_stream(self.device).synchronize()
+            return captured.host_out.copy()
         with torch.inference_mode():
-            if captured is not None:
-                graph, static_in, static_out = captured
-                static_in.copy_(torch.from_numpy(batch))
-                graph.replay()
-                out = static_out
-            else:
-                out = self._forward(loaded.module, torch.from_numpy(batch).to(self.device), exit)
+            out = self._forward(loaded.module, torch.from_numpy(batch).to(self.device), exit)
             return out.float().cpu().numpy()
 
     def run_outputs(self, model: str, exit: int, batch: Feeds) -> dict[str, np.ndarray]:
