@@ -5,9 +5,12 @@ precision or the manifest's ONNX is refused with the command that rebuilds it. A
 buffer is allocated once at the largest batch (edgeserve.runtime.backends.buffer_plan), and each context
 gets its optimization profile, input shape and tensor addresses once; a call then only copies the
 batch into pinned memory, enqueues the stages back to back on the executor's one stream (features
-never leave the device) and copies the logits back. With `cuda_graphs`, each (stage, batch) is
-replayed as a captured CUDA graph. Execution contexts share one activation scratch buffer per
-model (they never run concurrently: one stream, one thread).
+never leave the device) and copies the logits back. With `cuda_graphs`, each (exit, batch) is one
+captured CUDA graph holding all of that (the copy in, stages 0..exit, the copy out), so a call lets
+go of the GIL twice (launch, synchronize) instead of once per CUDA call: on a server whose event
+loop wants the GIL, each release is a wait to get it back (docs/accelerators.md, torch backend).
+Execution contexts share one activation scratch buffer per model (they never run concurrently:
+one stream, one thread).
 
 Imported models (anything but export's single-input classifier chains: several inputs and
 outputs, tensors passed by name, a fixed batch, unbatched tensors) take the generic path in
@@ -59,7 +62,7 @@ class _LoadedModel:
     buffers: dict[str, DeviceBuffer]
     scratch: DeviceBuffer
     contexts: list[list[Any]]  # [stage][batch - 1]
-    graphs: dict[tuple[int, int], CudaGraph] = field(default_factory=dict)
+    graphs: dict[tuple[int, int], CudaGraph] = field(default_factory=dict)  # (last stage, batch)
 
 
 class TensorRTBackend:
@@ -201,14 +204,13 @@ class TensorRTBackend:
         check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         if not self.cuda_graphs:
             return
-        for stage, per_batch in enumerate(loaded.contexts):
-            for batch, context in enumerate(per_batch, start=1):
+        for last in sorted({e.stage for e in loaded.manifest.exits}):
+            for batch in range(1, loaded.plan.max_batch + 1):
 
-                def work(context: Any = context) -> None:
-                    if not context.execute_async_v3(int(self._stream)):
-                        raise RuntimeError("execute_async_v3 failed during CUDA graph capture")
+                def work(last: int = last, batch: int = batch) -> None:
+                    self._enqueue(loaded, last, batch)
 
-                loaded.graphs[(stage, batch)] = CudaGraph.capture(self.cudart, self._stream, work)
+                loaded.graphs[(last, batch)] = CudaGraph.capture(self.cudart, self._stream, work)
 
     @property
     def models(self) -> list[str]:
@@ -217,12 +219,18 @@ class TensorRTBackend:
     # -- inference ---------------------------------------------------------------------------------
 
     def _enqueue(self, loaded: _LoadedModel, last_stage: int, batch: int) -> None:
+        """A call's work on the stream: the pinned input up, stages 0..last_stage, its logits down."""
+        manifest, plan = loaded.manifest, loaded.plan
+        loaded.buffers["input"].upload(
+            plan.bindings(0, batch).binding(manifest.stages[0].input.name).nbytes, self._stream
+        )
         for stage in range(last_stage + 1):
-            graph = loaded.graphs.get((stage, batch))
-            if graph is not None:
-                graph.launch(self._stream)
-            elif not loaded.contexts[stage][batch - 1].execute_async_v3(int(self._stream)):
-                raise RuntimeError(f"{loaded.manifest.name}: TensorRT failed to enqueue stage {stage}")
+            if not loaded.contexts[stage][batch - 1].execute_async_v3(int(self._stream)):
+                raise RuntimeError(f"{manifest.name}: TensorRT failed to enqueue stage {stage}")
+        logits = manifest.stages[last_stage].logits
+        assert logits is not None  # an exit's stage: the chain's manifests give it logits
+        nbytes = plan.bindings(last_stage, batch).binding(logits.name).nbytes
+        loaded.buffers[f"stage{last_stage}.logits"].download(nbytes, self._stream)
 
     def run(self, model: str, exit: int, batch: Feeds) -> np.ndarray:
         """The first exit output (a classifier's logits), stages chained on the device."""
@@ -242,14 +250,15 @@ class TensorRTBackend:
         source = loaded.buffers["input"]
         assert source.host is not None
         source.host[: batch.size] = batch.reshape(-1)
-        source.upload(loaded.plan.bindings(0, n).binding(manifest.stages[0].input.name).nbytes, self._stream)
-        self._enqueue(loaded, last, n)
+        graph = loaded.graphs.get((last, n))
+        if graph is not None:
+            graph.launch(self._stream)
+        else:
+            self._enqueue(loaded, last, n)
+        check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         logits_spec = manifest.stages[last].logits
         assert logits_spec is not None
         out = loaded.buffers[f"stage{last}.logits"]
-        nbytes = loaded.plan.bindings(last, n).binding(logits_spec.name).nbytes
-        out.download(nbytes, self._stream)
-        check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         assert out.host is not None
         count = n * int(np.prod(logits_spec.shape))
         return out.host[:count].reshape(n, *logits_spec.shape).astype(np.float32, copy=True)

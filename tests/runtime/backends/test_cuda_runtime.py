@@ -81,24 +81,22 @@ def test_a_buffer_round_trips_through_the_device(stream: Any, dtype: str) -> Non
 
 
 def test_a_captured_graph_replays_the_copies_with_new_host_data(stream: Any) -> None:
-    """What the backend captures per (stage, batch): work on the one stream, replayed by one launch."""
+    """What the backend captures per (exit, batch): the pinned input up, the work, the output down;
+    a call then writes the pinned input, launches once and synchronizes."""
     nbytes = 256 * 4
-    source, sink = (
-        DeviceBuffer(CUDART, nbytes, "float32", True),
-        DeviceBuffer(CUDART, nbytes, "float32", True),
-    )
+    source, sink = (DeviceBuffer(CUDART, nbytes, "float32", host=True) for _ in range(2))
     assert source.host is not None and sink.host is not None
     kind = CUDART.cudaMemcpyKind.cudaMemcpyDeviceToDevice
 
     def work() -> None:
+        source.upload(nbytes, stream)
         check(CUDART.cudaMemcpyAsync(sink.device, source.device, nbytes, kind, stream), "D2D copy")
+        sink.download(nbytes, stream)
 
     graph = CudaGraph.capture(CUDART, stream, work)
     for value in (1.5, -2.0, 7.0):
         source.host[:] = value
-        source.upload(nbytes, stream)
         graph.launch(stream)
-        sink.download(nbytes, stream)
         check(CUDART.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         assert np.all(sink.host == value)
     graph.free()
