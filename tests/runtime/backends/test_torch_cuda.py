@@ -82,6 +82,20 @@ def test_a_result_is_not_overwritten_by_the_next_replay(cuda_backend: TorchBacke
     assert np.array_equal(cuda_backend.run("digits-s", 1, x1), kept)  # replay is deterministic
 
 
+def test_graphs_replayed_in_any_order_give_their_own_results(
+    cuda_backend: TorchBackend, reference: OnnxRuntimeBackend
+) -> None:
+    """The graphs share one memory pool and one input buffer: no replay may disturb another's."""
+    rng = np.random.default_rng(5)
+    cells = [(exit, batch) for exit in range(4) for batch in range(1, MAX_BATCH + 1)]
+    for index in rng.permutation(len(cells)).tolist() * 2:
+        exit, batch = cells[index]
+        x = rng.random((batch, 1, 16, 16), dtype=np.float32)
+        got = cuda_backend.run("digits-s", exit, x)
+        assert got.shape == (batch, 10)
+        assert np.max(np.abs(got - reference.run("digits-s", exit, x))) <= TOLERANCE, (exit, batch)
+
+
 def test_graphs_captured_on_one_thread_replay_on_another(
     cuda_backend: TorchBackend, reference: OnnxRuntimeBackend
 ) -> None:
