@@ -92,7 +92,8 @@ def choose_backend(
     if name == "onnxruntime":
         return BackendChoice("onnxruntime", given, ())
     skipped = []
-    reason = tensorrt_missing(find_spec, has_gpu())
+    gpu = has_gpu()
+    reason = tensorrt_missing(find_spec, gpu)
     if reason is None:
         return BackendChoice("tensorrt", None, ())
     skipped.append(reason)
@@ -102,7 +103,13 @@ def choose_backend(
         ort_providers = ort.get_available_providers
     if "CUDAExecutionProvider" in ort_providers():
         return BackendChoice("onnxruntime", ("cuda",), tuple(skipped))
-    skipped.append("onnxruntime CUDA: this onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu has)")
+    reason = "onnxruntime CUDA: this onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu has)"
+    if gpu and torch_missing(find_spec) is None:  # not chosen by auto: it serves export's models only
+        reason += (
+            "; torch is installed: `--backend torch --device cuda` runs the models `edgeserve export` "
+            "wrote on this GPU"
+        )
+    skipped.append(reason)
     return BackendChoice("onnxruntime", ("cpu",), tuple(skipped))
 
 

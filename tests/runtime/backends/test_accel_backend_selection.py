@@ -63,6 +63,18 @@ def test_auto_prefers_onnxruntime_cuda_when_tensorrt_is_missing() -> None:
     assert len(choice.skipped) == 1
 
 
+def test_auto_on_a_gpu_with_torch_but_no_gpu_runtime_points_to_the_torch_backend() -> None:
+    cpu_only = lambda: ["CPUExecutionProvider"]  # noqa: E731
+    choice = choose_backend("auto", find_spec=finder("torch"), has_gpu=lambda: True, ort_providers=cpu_only)
+    assert (choice.name, choice.providers) == ("onnxruntime", ("cpu",))
+    assert "`--backend torch --device cuda`" in choice.skipped[1]
+    for find_spec, gpu in ((finder("torch"), False), (NOTHING, True)):
+        choice = choose_backend(
+            "auto", find_spec=find_spec, has_gpu=lambda gpu=gpu: gpu, ort_providers=cpu_only
+        )
+        assert "--backend torch" not in choice.skipped[1]
+
+
 def test_auto_picks_tensorrt_when_it_and_a_gpu_are_there() -> None:
     choice = choose_backend("auto", find_spec=EVERYTHING, has_gpu=lambda: True, ort_providers=lambda: [])
     assert (choice.name, choice.skipped) == ("tensorrt", ())
