@@ -27,7 +27,9 @@ move that keeps the most tasks savable, as EDF would, at the deepest exit that a
    B_max) head tasks are served in the batch size latency.split_batch chooses: the cheapest on
    average among those that, served back to back, finish every one of the n no later (as planned)
    than one batch of n. On a GPU that is n; on a CPU whose big batches cost more than several
-   small ones, a smaller batch. batch_rule "max" (`stability-safe-maxbatch`) keeps n.
+   small ones, a smaller batch. When those n are every task waiting, a split is planned with one
+   batch's tail instead of all of theirs (split_batch's `alone`). batch_rule "max"
+   (`stability-safe-maxbatch`) keeps n.
 """
 
 from __future__ import annotations
@@ -189,7 +191,8 @@ class GuardedStabilityPolicy:
         model = self.latency.models[pick.model]
         batch, delta = pick.batch, pick.delta_s
         if self.batch_rule == "lookahead" and batch > 1:
-            batch = model.batch_for(pick.exit_pos, batch)
+            alone = batch == sum(len(queue) for queue in queues)  # nothing else is waiting
+            batch = model.batch_for(pick.exit_pos, batch, alone)
             delta = model.by_batch[batch - 1][pick.exit_pos]
         return Dispatch(
             model=pick.model,

@@ -34,6 +34,7 @@ def split_batch(
     n: int,
     overhead_s: float = DISPATCH_OVERHEAD_S,
     rtol: float = BATCH_RTOL,
+    alone: bool = False,
 ) -> int:
     """The batch size to serve now, of the `n` head tasks the paper's rule would batch (its Eq. 5).
 
@@ -54,13 +55,19 @@ def split_batch(
     Where batching pays (the paper's GPU: L(10) ~ 2 L(1)) that is b = n, the paper's rule; where a
     batch grows faster than its size (a CPU cell whose batch of 10 costs more than two of 5), the
     same tasks are served in smaller, quicker batches.
+
+    `alone`: these n tasks are all that is waiting, so a split delays no other queue. Then a split
+    is planned as its batches' means plus the largest single tail (quantile - mean) among them,
+    not as the sum of their quantiles: several short batches rarely all draw their tails, and
+    summing p95s kept heavy-tailed CPU batches whole at light load (docs/scheduler.md).
     """
     if n <= 1:
         return n
-    limit = _split_time(plan, exit_pos, n, n, 0.0)
+    planned = _tail_time if alone else _split_time_planned
+    limit = planned(plan, mean, exit_pos, n, n)
     costs = [
         _split_time(mean, exit_pos, n, b, overhead_s)
-        if _split_time(plan, exit_pos, n, b, 0.0) <= limit
+        if planned(plan, mean, exit_pos, n, b) <= limit
         else math.inf
         for b in range(1, n + 1)
     ]
@@ -69,6 +76,18 @@ def split_batch(
     while costs[b - 1] > cheapest:
         b -= 1
     return b
+
+
+def _split_time_planned(plan: Table, mean: Table, exit_pos: int, n: int, b: int) -> float:
+    return _split_time(plan, exit_pos, n, b, 0.0)
+
+
+def _tail_time(plan: Table, mean: Table, exit_pos: int, n: int, b: int) -> float:
+    """n tasks in batches of b on average, plus the worst one batch's tail beyond its mean."""
+    rest = n % b
+    sizes = (b, rest) if rest else (b,)
+    tail = max(plan[s - 1][exit_pos] - mean[s - 1][exit_pos] for s in sizes)
+    return _split_time(mean, exit_pos, n, b, 0.0) + max(tail, 0.0)
 
 
 def _split_time(table: Table, exit_pos: int, n: int, b: int, overhead_s: float) -> float:
@@ -98,8 +117,10 @@ class ModelLatency:
     # mean_by_batch likewise for `mean` (or the planning quantile where it is unknown).
     by_batch: Table = field(init=False, repr=False, compare=False)
     mean_by_batch: Table = field(init=False, repr=False, compare=False)
-    # splits[n-1][exit_pos]: split_batch's answer for n head tasks at that exit (batch_for).
+    # splits[n-1][exit_pos]: split_batch's answer for n head tasks at that exit (batch_for);
+    # alone_splits the same when those n are all that is waiting (split_batch's `alone`).
     splits: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    alone_splits: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.seconds.shape != (len(self.exit_ids), self.max_batch):
@@ -120,15 +141,20 @@ class ModelLatency:
             object.__setattr__(self, "mean_by_batch", self.by_batch)
         else:
             object.__setattr__(self, "mean_by_batch", tuple(tuple(col) for col in self.mean.T.tolist()))
-        splits = tuple(
-            tuple(split_batch(self.by_batch, self.mean_by_batch, e, n) for e in range(len(self.exit_ids)))
-            for n in range(1, self.max_batch + 1)
-        )
-        object.__setattr__(self, "splits", splits)
+        for name, alone in (("splits", False), ("alone_splits", True)):
+            table = tuple(
+                tuple(
+                    split_batch(self.by_batch, self.mean_by_batch, e, n, alone=alone)
+                    for e in range(len(self.exit_ids))
+                )
+                for n in range(1, self.max_batch + 1)
+            )
+            object.__setattr__(self, name, table)
 
-    def batch_for(self, exit_pos: int, n: int) -> int:
-        """How many of the `n` head tasks to serve now at this exit (split_batch; O(1))."""
-        return self.splits[n - 1][exit_pos]
+    def batch_for(self, exit_pos: int, n: int, alone: bool = False) -> int:
+        """How many of the `n` head tasks to serve now at this exit (split_batch; O(1)); `alone`:
+        they are every task waiting."""
+        return (self.alone_splits if alone else self.splits)[n - 1][exit_pos]
 
     def latency(self, exit_pos: int, batch: int) -> float:
         return self.by_batch[batch - 1][exit_pos]

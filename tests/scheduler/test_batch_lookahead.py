@@ -111,3 +111,39 @@ def test_calibration_moves_the_look_ahead_with_the_table() -> None:
     latency.set_seconds(0, cpu)
     assert latency.models[0].batch_for(1, 10) == 6
     assert make_policy(DEFAULT_POLICY, latency).decide([_queue(12)], 1.0).batch == 6
+
+
+# digits-l's final exit on t2 (tests/scheduler/data/cpu/t2, ms, batches 1..10): p95 and mean.
+T2_FINAL_P95 = [4.63, 8.79, 12.97, 9.85, 10.19, 11.08, 13.52, 14.0, 14.5, 15.0]
+T2_FINAL_MEAN = [0.90, 1.81, 3.60, 3.72, 4.54, 5.14, 6.31, 7.0, 7.5, 8.0]
+
+
+def _t2_model(name: str) -> ModelLatency:
+    p95 = np.array([[0.2] * 10, T2_FINAL_P95]) / 1000.0
+    mean = np.array([[0.1] * 10, T2_FINAL_MEAN]) / 1000.0
+    return ModelLatency(name, ("early", "final"), (0, 1), 10, p95, mean=mean)
+
+
+def test_tasks_that_are_all_that_waits_are_split_by_one_tail_not_the_sum_of_tails() -> None:
+    # Batches of 2 + 1 planned as two p95s (13.4 ms) exceed one batch of 3 (13.0 ms), and so do
+    # three of 1 (13.9 ms): with other tasks waiting the 3 stay together. Alone, 2 + 1 are planned
+    # as their means (2.7 ms) plus the larger tail (7.0 ms) and cost 2.9 ms of executor time on
+    # average against 3.7 ms for the 3 together.
+    model = _t2_model("m")
+    assert model.batch_for(1, 3) == 3
+    assert model.batch_for(1, 3, alone=True) == 2
+    latency = LatencyModel((model, _t2_model("other")))
+    policy = make_policy(DEFAULT_POLICY, latency)
+    alone = policy.decide([_queue(3, age=0.010), TaskQueue()], 1.0)
+    assert isinstance(alone, Dispatch) and (alone.model, alone.exit, alone.batch) == (0, 1, 2)
+    other = TaskQueue()
+    other.push(99, 1.0 - 0.001, SLO)
+    crowded = policy.decide([_queue(3, age=0.010), other], 1.0)
+    assert isinstance(crowded, Dispatch) and (crowded.model, crowded.exit, crowded.batch) == (0, 1, 3)
+
+
+def test_alone_splits_still_keep_the_max_batch_where_batching_pays() -> None:
+    gpu = LatencyModel.from_profiles(paper_gpu_profiles(samples=20))
+    for model in gpu.models:
+        for e in range(len(model.exit_ids)):
+            assert [model.batch_for(e, n, alone=True) for n in range(1, 11)] == list(range(1, 11))
