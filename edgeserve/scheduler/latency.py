@@ -63,12 +63,15 @@ def split_batch(
     """
     if n <= 1:
         return n
-    planned = _tail_time if alone else _split_time_planned
-    limit = planned(plan, mean, exit_pos, n, n)
+
+    def planned(b: int) -> float:
+        if alone:
+            return _tail_time(plan, mean, exit_pos, n, b)
+        return _split_time(plan, exit_pos, n, b, 0.0)
+
+    limit = planned(n)
     costs = [
-        _split_time(mean, exit_pos, n, b, overhead_s)
-        if planned(plan, mean, exit_pos, n, b) <= limit
-        else math.inf
+        _split_time(mean, exit_pos, n, b, overhead_s) if planned(b) <= limit else math.inf
         for b in range(1, n + 1)
     ]
     cheapest = min(costs) * (1.0 + rtol)
@@ -76,10 +79,6 @@ def split_batch(
     while costs[b - 1] > cheapest:
         b -= 1
     return b
-
-
-def _split_time_planned(plan: Table, mean: Table, exit_pos: int, n: int, b: int) -> float:
-    return _split_time(plan, exit_pos, n, b, 0.0)
 
 
 def _tail_time(plan: Table, mean: Table, exit_pos: int, n: int, b: int) -> float:
