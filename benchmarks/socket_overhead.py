@@ -13,7 +13,10 @@ hits them alike. Two measurements per path:
 - throughput: `--concurrency` requests kept in flight for `--seconds`, requests/s (the server
   batches, so the served paths may pass the session alone at batch 1).
 
-The last lines print each path's throughput as a ratio of `session` and of `direct`.
+The last lines print each path's throughput as a ratio of `session` and of `direct`, and each HTTP
+path's against `http-stack-*`: an aiohttp app on the server's loop that reads the same request and
+answers the bytes the real front answered once, with no decoding and no model (the HTTP stack's own
+ceiling, client included).
 
 Needs a profiled repository (`make demo` makes `engines/` with the digits models):
 
@@ -33,7 +36,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
+from aiohttp import web
 
 from edgeserve.loop import new_event_loop, run
 from edgeserve.repository import ModelRepository
@@ -41,6 +46,7 @@ from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.service.process import NetServer
 from edgeserve.wire.client import AsyncClient
 from edgeserve.wire.oip_client import OipClient
+from edgeserve.wire.oip_codec import InferRequest, Tensor, encode_request
 
 Call = Callable[[np.ndarray], Awaitable[str]]
 
@@ -73,7 +79,9 @@ async def throughput(call: Call, xs: np.ndarray, concurrency: int, seconds: floa
     return done / (time.perf_counter() - t0)
 
 
-def client_calls(unix: AsyncClient, tcp: AsyncClient, oip: OipClient, model: str) -> dict[str, Call]:
+def client_calls(
+    unix: AsyncClient, tcp: AsyncClient, oip: OipClient, stack: OipClient, model: str
+) -> dict[str, Call]:
     """The served paths as the project's own clients call them."""
 
     def over(client: AsyncClient) -> Call:
@@ -82,20 +90,68 @@ def client_calls(unix: AsyncClient, tcp: AsyncClient, oip: OipClient, model: str
 
         return call
 
-    def over_http(binary: bool) -> Call:
+    def over_http(client: OipClient, binary: bool) -> Call:
         async def call(x: np.ndarray) -> str:
-            reply = await oip.infer(model, {"x": x[None]}, binary=binary)
+            reply = await client.infer(model, {"x": x[None]}, binary=binary)
             return "ok" if reply.status == 200 else str(reply.status)
 
         return call
 
-    return {"unix": over(unix), "tcp": over(tcp), "http-bin": over_http(True), "http-json": over_http(False)}
+    return {
+        "unix": over(unix),
+        "tcp": over(tcp),
+        "http-bin": over_http(oip, True),
+        "http-json": over_http(oip, False),
+        "http-stack-bin": over_http(stack, True),
+        "http-stack-json": over_http(stack, False),
+    }
+
+
+async def stack_ceiling(url: str, model: str, x: np.ndarray) -> web.AppRunner:
+    """An aiohttp app that answers an infer as the real front at `url` answered it once, with no work.
+
+    It reads the whole request, as the front must, and writes the recorded bytes: what is left is the
+    HTTP stack itself (aiohttp's server and client, on the same loops and sockets as the front).
+    """
+    recorded: dict[str, tuple[bytes, dict[str, str]]] = {}
+    async with aiohttp.ClientSession() as session:
+        for binary in (True, False):
+            parameters = {"binary_data_output": True} if binary else {}
+            body, headers = encode_request(
+                InferRequest([Tensor("x", x[None])], [], None, parameters), binary=binary
+            )
+            async with session.post(f"{url}/v2/models/{model}/infer", data=body, headers=headers) as resp:
+                assert resp.status == 200, resp.status
+                kept = {
+                    k: v
+                    for k, v in resp.headers.items()
+                    if k.lower() in ("content-type", "inference-header-content-length")
+                }
+                recorded[headers["Content-Type"]] = (await resp.read(), kept)
+
+    async def infer(request: web.Request) -> web.Response:
+        await request.read()
+        body, headers = recorded[request.headers["Content-Type"]]
+        return web.Response(body=body, headers=headers)
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{name}/infer", infer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+def runner_url(runner: web.AppRunner) -> str:
+    host, port = runner.addresses[0][:2]
+    return f"http://{host}:{port}"
 
 
 async def _client(pipe: Connection, urls: list[str], model: str, xs: np.ndarray, concurrency: int) -> None:
     unix, tcp = await AsyncClient.connect(urls[0]), await AsyncClient.connect(urls[1])
     oip = OipClient(urls[2], max_connections=concurrency)
-    calls = client_calls(unix, tcp, oip, model)
+    stack = OipClient(urls[3], max_connections=concurrency)
+    calls = client_calls(unix, tcp, oip, stack, model)
     pipe.send("ready")
     while (command := pipe.recv()) is not None:  # blocking: nothing else runs here meanwhile
         kind, name, amount = command
@@ -106,6 +162,7 @@ async def _client(pipe: Connection, urls: list[str], model: str, xs: np.ndarray,
     await unix.close()
     await tcp.close()
     await oip.close()
+    await stack.close()
 
 
 def client_main(pipe: Connection, urls: list[str], model: str, xs: np.ndarray, concurrency: int) -> None:
@@ -149,15 +206,18 @@ async def main(args: argparse.Namespace) -> None:
             return "ok"
 
         local: dict[str, Call] = {"session": session, "direct": direct}
+        ceiling = await stack_ceiling(net.urls[2], args.model, xs[0])
+        urls = [*net.urls[:3], runner_url(ceiling)]
         if args.same_process:
-            unix, tcp = await AsyncClient.connect(net.urls[0]), await AsyncClient.connect(net.urls[1])
-            oip = OipClient(net.urls[2], max_connections=args.concurrency)
-            local |= client_calls(unix, tcp, oip, args.model)
+            unix, tcp = await AsyncClient.connect(urls[0]), await AsyncClient.connect(urls[1])
+            oip = OipClient(urls[2], max_connections=args.concurrency)
+            stack = OipClient(urls[3], max_connections=args.concurrency)
+            local |= client_calls(unix, tcp, oip, stack, args.model)
             remote = None
         else:
             pipe, child_end = mp.get_context("spawn").Pipe()
             child = mp.get_context("spawn").Process(
-                target=client_main, args=(child_end, net.urls, args.model, xs, args.concurrency), daemon=True
+                target=client_main, args=(child_end, urls, args.model, xs, args.concurrency), daemon=True
             )
             child.start()
             assert await asyncio.to_thread(pipe.recv) == "ready"
@@ -166,7 +226,7 @@ async def main(args: argparse.Namespace) -> None:
                 pipe.send((kind, name, amount))  # the server's loop runs while the client measures
                 return await asyncio.to_thread(pipe.recv)
 
-        names = [*local, "unix", "tcp", "http-bin", "http-json"]
+        names = [*local, "unix", "tcp", "http-bin", "http-json", "http-stack-bin", "http-stack-json"]
 
         async def measure_latencies(name: str, n: int) -> list[float]:
             if name in local:
@@ -193,9 +253,11 @@ async def main(args: argparse.Namespace) -> None:
             await unix.close()
             await tcp.close()
             await oip.close()
+            await stack.close()
         else:
             pipe.send(None)
             await asyncio.to_thread(child.join, 30)
+        await ceiling.cleanup()
     sock_dir.rmdir()
     paths = names
     alone.close()
@@ -206,22 +268,26 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.concurrency}; ONNX Runtime {args.threads} thread(s); socket and HTTP clients "
         f"{'on the server loop' if args.same_process else 'in a second process'}"
     )
-    header = f"{'path':<9} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
+    header = (
+        f"{'path':<15} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'added p50 us':>13} {'added p99 us':>13}"
+    )
     print("(added: over the direct path's percentile)")
     print(header)
     print("-" * len(header))
     for name in paths:
         p50, p99 = (float(np.percentile(lat[name], q)) for q in (50, 99))
         print(
-            f"{name:<9} {float(np.mean(rps[name])):>9.0f} {p50:>9.0f} {p99:>9.0f} "
+            f"{name:<15} {float(np.mean(rps[name])):>9.0f} {p50:>9.0f} {p99:>9.0f} "
             f"{p50 - base50:>13.0f} {p99 - base99:>13.0f}"
         )
     alone50 = float(np.percentile(lat["session"], 50))
     throughput_of = {name: float(np.mean(rps[name])) for name in paths}
     for name in ("unix", "tcp", "http-bin", "http-json"):
+        stack = throughput_of[name.replace("http-", "http-stack-")] if name.startswith("http") else 0.0
+        of_stack = f", {throughput_of[name] / stack:.2f}x the HTTP stack alone" if stack else ""
         print(
             f"{name}: {throughput_of[name] / throughput_of['session']:.2f}x the session alone, "
-            f"{throughput_of[name] / throughput_of['direct']:.2f}x direct; "
+            f"{throughput_of[name] / throughput_of['direct']:.2f}x direct{of_stack}; "
             f"p50 {float(np.percentile(lat[name], 50)) - alone50:.0f} us above the session alone"
         )
 
