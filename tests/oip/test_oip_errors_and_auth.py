@@ -5,6 +5,7 @@ the warning for a listener exposed without a token."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import socket
@@ -117,6 +118,24 @@ def test_error_texts_quote_at_most_a_bounded_part_of_client_values(served: tuple
     )
     message = json_error(status, headers, body)
     assert status == 400 and "[cut, 10000 chars]" in message and len(message) < 600
+
+
+# -- compressed answers ------------------------------------------------------------------------------------
+
+
+def test_answers_are_deflated_only_when_asked_and_worth_a_packet(served: tuple[ServerThread, str]) -> None:
+    url = f"{served[1]}/v2/models/tiny_a/infer"
+    asks = {"Content-Type": "application/json", "Accept-Encoding": "gzip"}
+    rows = np.ones((32, 1, 8, 8), dtype=np.float32).tolist()
+    status, headers, body = fetch("POST", url, infer_json(rows, [32, 1, 8, 8]), asks)
+    assert status == 200 and headers.get("Content-Encoding") == "gzip"
+    logits = json.loads(gzip.decompress(body))["outputs"][0]
+    assert logits["shape"] == [32, 5] and len(logits["data"]) == 32 * 5
+    status, headers, body = fetch("POST", url, infer_json(rows[:1], [1, 1, 8, 8]), asks)
+    assert status == 200 and "Content-Encoding" not in headers  # ~300 bytes: one segment either way
+    assert json.loads(body)["outputs"][0]["shape"] == [1, 5]
+    status, headers, body = fetch("POST", url, infer_json(rows, [32, 1, 8, 8]))  # not asked: plain
+    assert status == 200 and "Content-Encoding" not in headers and len(body) >= 1400
 
 
 # -- non-finite outputs ----------------------------------------------------------------------------------
