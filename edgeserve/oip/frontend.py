@@ -435,9 +435,9 @@ class OipFrontend:
         what was expected."""
         inputs, outputs = self._tensors(model)
         limit = self._max_samples(model) if all(t.batched for t in inputs) else 1
-        expected = "; ".join(f"{t.name!r}: {_expected(t)}" for t in inputs)
         given = {t.name: t for t in request.inputs}
         if len(given) != len(request.inputs) or sorted(given) != sorted(t.name for t in inputs):
+            expected = "; ".join(f"{t.name!r}: {_expected(t)}" for t in inputs)
             names = ", ".join(clip(t.name) for t in request.inputs[:8]) or "none"
             if len(inputs) == 1 and len(request.inputs) == 1:
                 raise OipRequestError(
@@ -546,7 +546,7 @@ class OipFrontend:
         }
         accuracies = [r.expected_accuracy for r in results]
         if all(a is not None for a in accuracies):
-            parameters["edgeserve_expected_accuracy"] = round(float(np.mean(accuracies)), 6)
+            parameters["edgeserve_expected_accuracy"] = round(sum(accuracies) / len(accuracies), 6)
         response = InferResponse(model, tensors, VERSION, infer.id, parameters)
         parameters["edgeserve_server_ms"] = round((time.monotonic() - received) * 1000.0, 3)
         body, headers = encode_response(response, binary_outputs(infer, [t.name for t in tensors]))

@@ -371,7 +371,8 @@ class Server:
     def _submit(
         self, model: str, x: Sample, deadline_ms: float | None, capture_ts: float | None, margin_s: float
     ) -> tuple[asyncio.Future[Result], Task | None]:
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        # The server's own loop (it is loop-only): asyncio.get_running_loop() is a getpid() call.
+        future: asyncio.Future[Result] = (self._loop or asyncio.get_running_loop()).create_future()
         reply = functools.partial(_resolve, future)
         task = self.enqueue(
             model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts, reply_margin_s=margin_s
