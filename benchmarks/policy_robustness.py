@@ -15,6 +15,7 @@ still holds: below ~95 %, which seeds were drawn may be what decided it.
     nice -n 19 .venv/bin/python benchmarks/policy_robustness.py --seeds 3 --jobs 2   # ~25 min, 2 cores
     .venv/bin/python benchmarks/policy_robustness.py --quick                         # ~2 min subset
     .venv/bin/python benchmarks/policy_robustness.py --plot out/robustness.png
+    .venv/bin/python benchmarks/policy_robustness.py --seeds 0 --rows-from out/rows.json --plot out/r.png
 """
 
 from __future__ import annotations
