@@ -1,7 +1,8 @@
-"""Only the optional compiled part lives here; everything else is in setup.cfg.
+"""Only the optional compiled parts live here; everything else is in setup.cfg.
 
-edgeserve.scheduler._quick is the default policy's usual decision in C (see its header). It is
-optional: where no C compiler is found the install goes on and the Python path decides.
+edgeserve.scheduler._quick is the default policy's usual decision in C, edgeserve.wire._shapes the
+refusal of a flood's frames by shape (see their headers). Both are optional: where no C compiler is
+found the install goes on and Python (numpy) does the same.
 -ffp-contract=off: no fused multiply-adds, so its arithmetic rounds exactly as Python's does.
 """
 
@@ -14,6 +15,12 @@ setup(
             ["edgeserve/scheduler/_quick.c"],
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,
-        )
+        ),
+        Extension(
+            "edgeserve.wire._shapes",
+            ["edgeserve/wire/_shapes.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -209,16 +209,9 @@ class RefusalFrame:
         rid = pack_id(request_id)
         return HEADER.pack(self.size + len(rid)) + self.head + rid + self.tail
 
-    def frames(self, ids: np.ndarray) -> bytes:
-        """One refusal per row of `ids` (each an id's msgpack encoding, echoed as the client
-        wrote it), built as one array."""
-        count, width = ids.shape
-        head = np.frombuffer(HEADER.pack(self.size + width) + self.head, dtype=np.uint8)
-        out = np.empty((count, len(head) + width + len(self.tail)), dtype=np.uint8)
-        out[:, : len(head)] = head
-        out[:, len(head) : len(head) + width] = ids
-        out[:, len(head) + width :] = np.frombuffer(self.tail, dtype=np.uint8)
-        return out.tobytes()
+    def around(self, id_size: int) -> tuple[bytes, bytes]:
+        """The bytes before and after an id encoded in `id_size` bytes (FrameShapes.refuse)."""
+        return HEADER.pack(self.size + id_size) + self.head, self.tail
 
 
 def _backoff(fruitless: int) -> int:
@@ -1014,12 +1007,14 @@ class Connection(asyncio.Protocol):
     def _refuse_block(self, buffer: bytearray, pos: int, length: int, most: int) -> int:
         """Refuse the frames of `length` bytes from `pos` on (at most `most`) that match one of the
         connection's FrameShapes, as one block; returns how many there were."""
-        frontend = self.frontend
-        with memoryview(buffer) as view:  # no copy (released before the buffer is cut)
-            count, groups = self._shapes.match(view[pos : pos + most * length], length)
-        for shape, ids in groups:
-            self._out.append(frontend.window_refusal(shape.model, shape.priority).frames(ids))
+        with memoryview(buffer) as view, view[pos : pos + most * length] as block:  # no copy
+            count, answers = self._shapes.refuse(block, length, self._window_refusal)
+        if count:
+            self._out.append(answers)
         return count
+
+    def _window_refusal(self, shape: FrameShape) -> tuple[bytes, bytes]:
+        return self.frontend.window_refusal(shape.model, shape.priority).around(shape.id_size)
 
     def _accept(self) -> None:
         """Count a request that will be answered (it now holds a place in the window)."""

@@ -15,12 +15,18 @@ anywhere in the structure simply do not match and take the general path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from edgeserve.wire.frames import HEADER, MAX_ID, MAX_MODEL_NAME
+
+try:  # the same check and answers compiled (setup.py; optional: without a C compiler numpy does it)
+    from edgeserve.wire._shapes import refuse as compiled_refuse
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    compiled_refuse = None
 
 _FIXED = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}  # ints
 _FLOATS = {0xCA: 4, 0xCB: 8}
@@ -32,6 +38,13 @@ _UNSIGNED = (0xCC, 0xCD, 0xCE)  # ids whose every payload is in 0 .. MAX_ID
 # is Python, and each shape keeps its structure's offsets).
 MAX_VALUES = 256
 MAX_STRUCTURE = 4096
+
+
+# The bytes before and after the id of the answer to a frame of a shape (FrameShapes.refuse).
+Answer = Callable[["FrameShape"], tuple[bytes, bytes]]
+# A shape as compiled_refuse takes it: mask, wanted bytes, id_at, id_size, sign_at (-1: none), and
+# the answer's bytes before and after the id.
+Compiled = tuple[bytes, bytes, int, int, int, bytes, bytes]
 
 
 class _Unsupported(Exception):
@@ -50,6 +63,7 @@ class FrameShape:
     id_sign_at: int | None  # a byte that must be < 0x80 (fixint ids, 64-bit and signed ids)
     model: str  # as the refusal names it ("" for a model field that is no usable name)
     priority: int | None
+    mask: bytes  # 0xFF at the structure bytes, 0 at the payload's (for the compiled check)
 
     @classmethod
     def learn(cls, frame: bytes | bytearray, message: dict[str, Any]) -> FrameShape | None:
@@ -84,6 +98,7 @@ class FrameShape:
             length=len(data),
             columns=columns,
             values=np.frombuffer(data, dtype=np.uint8)[columns].copy(),
+            mask=np.where(structure, 0xFF, 0).astype(np.uint8).tobytes(),
             id_at=id_at,
             id_size=id_size,
             id_sign_at=sign_at,
@@ -116,14 +131,18 @@ class FrameShapes:
         # Per length whose shapes share one layout (the same structure columns and id, as one
         # client's models do): their structure bytes stacked, to check a block against all at once.
         self._stacked: dict[int, np.ndarray] = {}
+        # Per length, its shapes with their answers as compiled_refuse takes them (built on use).
+        self._compiled: dict[int, tuple[Compiled, ...]] = {}
 
     def add(self, shape: FrameShape) -> None:
+        self._compiled.pop(shape.length, None)
         shapes = self.lengths.get(shape.length)
         if shapes is None:
             if len(self.lengths) >= self.MAX_LENGTHS:
                 oldest = next(iter(self.lengths))
                 del self.lengths[oldest]
                 self._stacked.pop(oldest, None)
+                self._compiled.pop(oldest, None)
             shapes = self.lengths[shape.length] = []
         if any(_same_layout(known, shape) and np.array_equal(known.values, shape.values) for known in shapes):
             return
@@ -160,6 +179,41 @@ class FrameShapes:
         return count, [
             (shapes[s], shapes[s].ids(frames[:count][which == s])) for s in np.unique(which).tolist()
         ]
+
+    def refuse(self, block: bytes | bytearray | memoryview, length: int, answer: Answer) -> tuple[int, bytes]:
+        """How many leading frames of `block` (whole frames of `length` bytes) have one of the
+        shapes, and the answers to them: each `before + id + after`, where `answer(shape)` gives
+        (before, after) for the frames of that shape (the same for a shape on every call; the id
+        echoed as the client wrote it). Compiled where it was built (in the frames' order), else
+        numpy's `match` (grouped by shape): either way in completion order, as the protocol allows."""
+        shapes = self.lengths.get(length)
+        if not shapes:
+            return 0, b""
+        if compiled_refuse is not None:
+            compiled = self._compiled.get(length)
+            if compiled is None:
+                compiled = tuple(_compiled(shape, *answer(shape)) for shape in shapes)
+                self._compiled[length] = compiled
+            return compiled_refuse(block, length, compiled)
+        count, groups = self.match(block, length)
+        return count, b"".join(_answers(ids, *answer(shape)) for shape, ids in groups)
+
+
+def _compiled(shape: FrameShape, before: bytes, after: bytes) -> Compiled:
+    want = np.zeros(shape.length, dtype=np.uint8)
+    want[shape.columns] = shape.values
+    sign_at = -1 if shape.id_sign_at is None else shape.id_sign_at
+    return (shape.mask, want.tobytes(), shape.id_at, shape.id_size, sign_at, before, after)
+
+
+def _answers(ids: np.ndarray, before: bytes, after: bytes) -> bytes:
+    """`before + id + after` for each row of `ids` (an id's encoding per row), as one array."""
+    count, width = ids.shape
+    out = np.empty((count, len(before) + width + len(after)), dtype=np.uint8)
+    out[:, : len(before)] = np.frombuffer(before, dtype=np.uint8)
+    out[:, len(before) : len(before) + width] = ids
+    out[:, len(before) + width :] = np.frombuffer(after, dtype=np.uint8)
+    return out.tobytes()
 
 
 def _same_layout(one: FrameShape, other: FrameShape) -> bool:

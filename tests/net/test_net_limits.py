@@ -31,6 +31,7 @@ from tiny_onnx import TinyModel
 from edgeserve.config.checks import ConfigError
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.net import frontend as frontend_module
+from edgeserve.wire import frame_shape
 from edgeserve.wire.client import BlockingClient, ServerRefused
 from edgeserve.wire.frame_shape import FrameShapes
 from edgeserve.wire.frames import HEADER, encode_frame
@@ -468,21 +469,27 @@ def test_a_flood_beside_another_flood_is_not_held(
     assert len(refused) == 4 - frontend_module.SHARED_FLOOD_WINDOW, answers
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_and_priority(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
 ) -> None:
     """Frames past the window that share a learned layout are refused a block at a time
-    (wire.frame_shape); interleaved models and priorities and ids crossing msgpack's widths (127,
-    255, 65535) get exactly one answer each, naming the model and echoing the priority sent."""
+    (wire.frame_shape, compiled or numpy); interleaved models and priorities and ids crossing
+    msgpack's widths (127, 255, 65535) get exactly one answer each, naming the model and echoing
+    the priority sent."""
+    if compiled and frame_shape.compiled_refuse is None:
+        pytest.skip("edgeserve.wire._shapes is not built")
+    if not compiled:
+        monkeypatch.setattr(frame_shape, "compiled_refuse", None)
     matched: list[int] = []
-    match = FrameShapes.match
+    refuse = FrameShapes.refuse
 
-    def counting(self: FrameShapes, block: Any, length: int) -> Any:
-        count, groups = match(self, block, length)
+    def counting(self: FrameShapes, block: Any, length: int, answer: Any) -> Any:
+        count, answers = refuse(self, block, length, answer)
         matched.append(count)
-        return count, groups
+        return count, answers
 
-    monkeypatch.setattr(FrameShapes, "match", counting)
+    monkeypatch.setattr(FrameShapes, "refuse", counting)
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=1)
     x = encode_tensor(np.zeros((1, 8, 8), np.float32))

@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from edgeserve.wire import frame_shape
 from edgeserve.wire.frame_shape import FrameShape, FrameShapes
 from edgeserve.wire.frames import HEADER, MAX_ID, ProtocolError, decode_body
 from edgeserve.wire.tensors import encode_tensor
@@ -196,3 +197,67 @@ def test_the_book_is_bounded() -> None:
     for frame in padded:
         shapes.add(learn(frame))  # type: ignore[arg-type]
     assert len(models[0]) not in shapes.lengths and all(len(f) in shapes.lengths for f in padded)
+
+
+def tagged(shape: FrameShape) -> tuple[bytes, bytes]:
+    """A test answer for `refuse`: a frame holding the shape's model and priority, then the id."""
+    tag = f"{shape.model}|{shape.priority}".encode()
+    return HEADER.pack(2 + len(tag) + shape.id_size) + len(tag).to_bytes(2, "big") + tag, b""
+
+
+def answered(data: bytes) -> list[tuple[str, int]]:
+    """The (model|priority, id) of each answer `refuse` wrote with `tagged`, in order."""
+    out, pos = [], 0
+    while pos < len(data):
+        (length,) = HEADER.unpack_from(data, pos)
+        body = data[pos + HEADER.size : pos + HEADER.size + length]
+        size = int.from_bytes(body[:2], "big")
+        out.append((body[2 : 2 + size].decode(), msgpack.unpackb(body[2 + size :])))
+        pos += HEADER.size + length
+    return out
+
+
+@pytest.mark.skipif(frame_shape.compiled_refuse is None, reason="edgeserve.wire._shapes is not built")
+def test_compiled_refusals_are_numpys_in_the_frames_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled pass (wire/_shapes.c) and numpy's refuse the same frames with the same answers,
+    on interleaved shapes and mutated frames; the compiled one answers in the frames' order."""
+    rng = np.random.default_rng(11)
+    kinds = [("digits-s", None), ("digits-m", None), ("digits-m", 3), ("x" * 300, None)]
+    checked = 0
+    for trial in range(60):
+        shapes = FrameShapes()
+        for model, priority in kinds:
+            fields = {**request(2**20 + trial), "model": model}
+            fields |= {} if priority is None else {"priority": priority}
+            shapes.add(learn(frame_of(fields)))  # type: ignore[arg-type]
+        frames = []
+        for k in range(int(rng.integers(1, 80))):
+            model, priority = kinds[int(rng.integers(0, 2))]  # two kinds of one length, interleaved
+            fields = {**request(2**20 + 1000 * trial + k), "model": model, "priority": priority}
+            frame = bytearray(frame_of({key: v for key, v in fields.items() if v is not None}))
+            if rng.random() < 0.05:  # a mutated byte anywhere: the block may stop there
+                frame[int(rng.integers(0, len(frame)))] = int(rng.integers(0, 256))
+            frames.append(bytes(frame))
+        length = len(frames[0])
+        block = b"".join(f for f in frames if len(f) == length)
+        count, answers = shapes.refuse(memoryview(bytearray(block)), length, tagged)
+        with monkeypatch.context() as patch:
+            patch.setattr(frame_shape, "compiled_refuse", None)
+            numpy_count, numpy_answers = shapes.refuse(block, length, tagged)
+        assert numpy_count == count and sorted(answered(numpy_answers)) == sorted(answered(answers))
+        matched = [block[k * length : (k + 1) * length] for k in range(count)]
+        expected = []
+        for frame in matched:
+            message = decode_body(frame[HEADER.size :], 1 << 20)
+            expected.append((f"{message['model']}|{message.get('priority')}", message["id"]))
+        assert answered(answers) == expected
+        checked += count
+    assert checked > 1000
+
+
+def test_refuse_without_a_shape_of_that_length_refuses_nothing() -> None:
+    shapes = FrameShapes()
+    frame = frame_of(request(70_000))
+    assert shapes.refuse(frame, len(frame), tagged) == (0, b"")
+    shapes.add(learn(frame_of({**request(70_000), "pad": "x"})))  # type: ignore[arg-type]
+    assert shapes.refuse(frame, len(frame), tagged) == (0, b"")
