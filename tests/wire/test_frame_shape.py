@@ -261,3 +261,27 @@ def test_refuse_without_a_shape_of_that_length_refuses_nothing() -> None:
     assert shapes.refuse(frame, len(frame), tagged) == (0, b"")
     shapes.add(learn(frame_of({**request(70_000), "pad": "x"})))  # type: ignore[arg-type]
     assert shapes.refuse(frame, len(frame), tagged) == (0, b"")
+
+
+@pytest.mark.skipif(frame_shape.compiled_refuse is None, reason="edgeserve.wire._shapes is not built")
+@pytest.mark.parametrize(
+    ("shape", "error"),
+    [
+        ((b"\xff" * 3, b"\x00" * 4, 0, 1, -1, b"", b""), ValueError),  # mask shorter than a frame
+        ((b"\xff" * 4, b"\x00" * 4, 3, 2, -1, b"", b""), ValueError),  # the id runs past the frame
+        ((b"\xff" * 4, b"\x00" * 4, 0, 1, 4, b"", b""), ValueError),  # the sign byte too
+        ((b"\xff" * 4, b"\x00" * 4, 0, 1, -1, "before", b""), TypeError),
+        ((b"\xff" * 4, b"\x00" * 4, 0, 1), TypeError),
+    ],
+)
+def test_the_compiled_pass_refuses_a_shape_it_cannot_apply(shape: tuple[Any, ...], error: type) -> None:
+    """FrameShapes builds its arguments, but the C function checks them anyway: no read past a frame."""
+    assert frame_shape.compiled_refuse is not None
+    with pytest.raises(error):
+        frame_shape.compiled_refuse(b"\x00" * 8, 4, (shape,))
+    assert frame_shape.compiled_refuse(
+        b"\x00" * 9, 4, ((b"\xff" * 4, b"\x00" * 4, 0, 1, -1, b"<", b">"),)
+    ) == (
+        2,
+        b"<\x00><\x00>",
+    )
