@@ -3,7 +3,8 @@
 edgeserve.scheduler._quick is the default policy's usual decision in C, edgeserve.wire._shapes the
 refusal of a flood's frames by shape (see their headers). Both are optional: where no C compiler is
 found the install goes on and Python (numpy) does the same.
--ffp-contract=off: no fused multiply-adds, so its arithmetic rounds exactly as Python's does.
+_quick is built with -ffp-contract=off: no fused multiply-adds, so its arithmetic rounds exactly
+as Python's does.
 """
 
 from setuptools import Extension, setup

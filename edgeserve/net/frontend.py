@@ -83,8 +83,7 @@ FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run 
 REFUSALS_PER_FRAME = 8  # refusals past the window count as one frame of that budget (~8x cheaper)
 # Refusals of frames that match one of their connection's learned FrameShapes, checked BLOCK_MIN
 # to BLOCK_MAX at a time (below that, without the compiled check, numpy's per-call cost is more
-# than decoding them), count 64
-# to a frame of the turn's budget.
+# than decoding them), count 64 to a frame of the turn's budget.
 BLOCK_REFUSALS_PER_FRAME = 64
 BLOCK_MIN = 16
 BLOCK_MAX = 512
@@ -928,11 +927,11 @@ class Connection(asyncio.Protocol):
         never checked), written from a cached frame. Under overload most frames come this way, so
         this cost per frame decides how much CPU is left to serve: frames that match one of the
         connection's FrameShapes are refused BLOCK_MIN or more at a time (compiled, or numpy), the
-        others one by one with no call per frame but the decoder's and the frame's. The window cannot open
-        in between (nothing is answered here). Stops before the first frame it cannot refuse from
-        its id (not an infer, no valid id, unreadable, over max_frame_bytes, incomplete): the
-        general path reads that one. Returns the position after the refused frames and their
-        cost in frames of the budget."""
+        others one by one with no call per frame but the decoder's and the frame's. The window
+        cannot open in between (nothing is answered here). Stops before the first frame it cannot
+        refuse from its id (not an infer, no valid id, unreadable, over max_frame_bytes,
+        incomplete): the general path reads that one. Returns the position after the refused
+        frames and their cost in frames of the budget."""
         frontend = self.frontend
         max_frame = frontend.listen.max_frame_bytes
         cached = frontend.window_refusals
