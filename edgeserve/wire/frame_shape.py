@@ -64,7 +64,6 @@ class FrameShape:
     id_sign_at: int | None  # a byte that must be < 0x80 (fixint ids, 64-bit and signed ids)
     model: str  # as the refusal names it ("" for a model field that is no usable name)
     priority: int | None
-    mask: bytes  # 0xFF at the structure bytes, 0 at the payload's (for the compiled check)
 
     @classmethod
     def learn(cls, frame: bytes | bytearray, message: dict[str, Any]) -> FrameShape | None:
@@ -99,7 +98,6 @@ class FrameShape:
             length=len(data),
             columns=columns,
             values=np.frombuffer(data, dtype=np.uint8)[columns].copy(),
-            mask=np.where(structure, 0xFF, 0).astype(np.uint8).tobytes(),
             id_at=id_at,
             id_size=id_size,
             id_sign_at=sign_at,
@@ -201,10 +199,12 @@ class FrameShapes:
 
 
 def _compiled(shape: FrameShape, before: bytes, after: bytes) -> Compiled:
+    mask = np.zeros(shape.length, dtype=np.uint8)
+    mask[shape.columns] = 0xFF
     want = np.zeros(shape.length, dtype=np.uint8)
     want[shape.columns] = shape.values
     sign_at = -1 if shape.id_sign_at is None else shape.id_sign_at
-    return (shape.mask, want.tobytes(), shape.id_at, shape.id_size, sign_at, before, after)
+    return (mask.tobytes(), want.tobytes(), shape.id_at, shape.id_size, sign_at, before, after)
 
 
 def _answers(ids: np.ndarray, before: bytes, after: bytes) -> bytes:
