@@ -112,13 +112,27 @@ class Conn(asyncio.Protocol):
         self.ans_st: list[int] = []
         self.unsent, self.lag_sum, self.lag_max = 0, 0.0, 0.0
         self.refill: list[int] | None = None  # closed loop: model draws, one more sent per answer
+        # open loop: (arrival time, bytes) of the replies while sending, so that the loop's time
+        # goes to sending on schedule and stamping answers, not to decoding ~90k refusals a second
+        self.deferred: list[tuple[float, bytes]] | None = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.hello.done():
             self.hello.set_exception(ConnectionError(f"closed during the hello: {exc}"))
 
     def data_received(self, data: bytes) -> None:
-        now, buf = time.monotonic(), self.buf
+        now = time.monotonic()
+        if self.deferred is not None:  # sending on schedule: stamp the bytes now, decode them later
+            self.deferred.append((now, data))
+            return
+        answered = self.decode(data, now)
+        if answered and self.refill is not None:
+            start = len(self.sent_at)
+            self.write([self.refill[(start + k) & 0xFFFF] for k in range(answered)], now)
+
+    def decode(self, data: bytes, now: float) -> int:
+        """Record every whole reply in the buffer as answered at `now`; the number of answers."""
+        buf = self.buf
         buf += data
         pos, end, answered = 0, len(buf), 0
         with memoryview(buf) as view:
@@ -136,9 +150,13 @@ class Conn(asyncio.Protocol):
                 self.ans_st.append(STATUS.get(message["status"], 3))
                 answered += 1
         del buf[:pos]
-        if answered and self.refill is not None:
-            start = len(self.sent_at)
-            self.write([self.refill[(start + k) & 0xFFFF] for k in range(answered)], now)
+        return answered
+
+    def catch_up(self) -> None:
+        """Decode the replies stamped while sending; from now on each is decoded as it comes."""
+        deferred, self.deferred = self.deferred or [], None
+        for now, data in deferred:
+            self.decode(data, now)
 
     def write(self, models: list[int], now: float) -> None:
         if self.transport.get_write_buffer_size() > WRITE_CAP or self.transport.is_closing():
@@ -152,6 +170,7 @@ class Conn(asyncio.Protocol):
     async def open_loop(self, t0: float, times: list[float], models: list[int]) -> None:
         """Send each request at its scheduled time; those due at one wake-up go in one write."""
         i, n, csum = 0, len(times), np.concatenate([[0.0], np.cumsum(times)])
+        self.deferred = []
         while i < n:
             now = time.monotonic()
             j = bisect.bisect_right(times, now - t0, i)
@@ -232,6 +251,8 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
         )
     )
     pipe.send(("sent", time.monotonic() - t0, time.process_time() - cpu0))
+    for c, _ in opened:  # every connection has sent its last: no schedule left to delay
+        c.catch_up()
     give_up = time.monotonic() + spec["grace"]
     while time.monotonic() < give_up and any(len(c.ans_id) < len(c.sent_at) for c, _ in opened):
         await asyncio.sleep(0.01)
