@@ -2,7 +2,8 @@
 
 Starts `edgeserve serve` (the digits models of `make demo` at 3:2:1, ONNX Runtime on one thread, a
 UNIX socket, a TCP port, /metrics) and drives it from a separate load-generator process (spawn,
-uvloop, raw sockets; frames encoded once per model, all requests due at a wake-up in one write).
+uvloop, raw sockets; frames encoded once per model, all requests due at a wake-up in one write;
+in the open loop, replies stamped as they arrive and decoded once the level's sending is over).
 A closed loop (`--window` in flight per connection, `--capacity-seconds`) measures the capacity in
 `ok`/s; then open-loop Poisson load at each of `--levels` times it for `--seconds`, over
 `--connections` (half UNIX, half TCP), sent on schedule whatever the answers. Each request carries
@@ -12,8 +13,8 @@ rejected/s (`max_in_flight` or a full queue), expired/s, late/s (`ok` past the d
 answer `--grace` s after the last send), P50/P95/P99 of `ok` answers, the server's own mean latency
 of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, the executor's
 busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it waited for the GIL
-or a core), idle-gap and decision P50/P99 (n/a without those histograms),
-client and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
+or a core), idle-gap and decision P50/P99 (n/a without those histograms), client CPU while
+sending and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
 fairness: one connection floods at 10x (`--flood`; `--floods N` shares it among N) while another,
 from a second process, sends at 0.1x.
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
