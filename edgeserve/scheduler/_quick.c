@@ -8,16 +8,18 @@
  * Same decision, bit for bit: it is GuardedStabilityPolicy.decide (guarded.py) for the case that
  * decides nearly every batch under load, with the same arithmetic in the same order as
  * scoring_python.python_candidates, candidates.choose_exits (rule "safe"), candidates.pick_min and
- * guarded.none_doomed. Compile with -ffp-contract=off (setup.py): a fused multiply-add would round
- * differently. tests/scheduler/test_quick_decide.py compares it with the Python path on random
- * states, exactly.
+ * the guard (guarded.none_doomed, then queue_chunks, doomed, unavoidable and the search of
+ * GuardedStabilityPolicy._guard: under overload, on a 2-core box, 10-20 % of decisions needed that
+ * search, ~90 us each in Python). Compile with -ffp-contract=off (setup.py): a fused multiply-add
+ * would round differently. tests/scheduler/test_quick_decide.py compares it with the Python path
+ * on random states, exactly.
  *
  * decide(queues, models, now, theta, clip, code, batch_cap, small_state, tie_rtol,
  *        lookahead_batches, none_doomed_margin)
  *   -> (model, exit_pos, batch, delta_s, score) | None
  *
  * None whenever the case is not the usual one (a queue with mixed budgets, a state too big for the
- * plain scorer, a guard that has to look further, no queued task, anything of an unexpected type):
+ * plain scorer, no queued task, anything of an unexpected type):
  * the Python path then decides, as it always could. It reads TaskQueue's slots (_head, _tail,
  * _arrival, _deadline, _budget_counts) and ModelLatency's max_batch and by_batch.
  */
@@ -29,7 +31,8 @@
 #define MAX_TASKS 256 /* small_state (200) bounds the tasks the plain scorer takes */
 
 typedef struct {
-    Py_ssize_t index, n, k, max_batch, size, batch, exit, paper, protective;
+    PyObject *queue; /* borrowed from the caller's list */
+    Py_ssize_t index, head, n, k, max_batch, size, batch, exit, paper, protective;
     double budget, slack, head_deadline, delta, score;
     double *neg_ys; /* n values, oldest first */
     double *suffix; /* n - k + 1 values: suffix[i - k] = sum of the factors of tasks i..n-1 */
@@ -114,6 +117,8 @@ static int read_queue(PyObject *queue, Py_ssize_t room, double now, double theta
                       double *sums, Live *q) {
     Py_ssize_t head, tail;
     if (get_ssize(queue, s_head, &head) < 0 || get_ssize(queue, s_tail, &tail) < 0) return -1;
+    q->queue = queue;
+    q->head = head;
     q->n = tail - head;
     if (q->n <= 0 || q->n > room) return q->n == 0 ? 1 : -1;
     PyObject *counts = PyObject_GetAttr(queue, s_budget_counts);
@@ -141,6 +146,134 @@ static int read_queue(PyObject *queue, Py_ssize_t room, double now, double theta
     }
     q->suffix = sums;
     q->slack = (first_arrival + budget) - now;
+    return 0;
+}
+
+/* bisect.bisect_left */
+static Py_ssize_t bisect_left(const double *a, Py_ssize_t n, double x) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* One queued batch of the continuation (guarded._Chunk). */
+typedef struct {
+    double deadline, shallow;
+    Py_ssize_t q, j, len;
+    const double *part;
+} Chunk;
+
+/* The order of guarded._Chunk tuples: deadline, then queue, then position (never equal). */
+static int chunk_order(const void *a, const void *b) {
+    const Chunk *x = a, *y = b;
+    if (x->deadline != y->deadline) return x->deadline < y->deadline ? -1 : 1;
+    if (x->q != y->q) return x->q < y->q ? -1 : 1;
+    return x->j < y->j ? -1 : (x->j > y->j);
+}
+
+/* guarded.queue_chunks (every queue has one budget here: its deadlines are in order); the number
+ * of chunks, or -1 if a table or a deadline is not what it should be. */
+static Py_ssize_t queue_chunks(const Live *live, Py_ssize_t count, Py_ssize_t lookahead, double *deadlines,
+                               Chunk *chunks) {
+    Py_ssize_t n_chunks = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Live *q = &live[i];
+        Py_ssize_t m = q->n < q->size * lookahead ? q->n : q->size * lookahead;
+        if (get_item(q->queue, s_deadline, q->head, m, deadlines) < 0) return -1;
+        for (Py_ssize_t j = 0, start = 0; start < m; j++, start += q->size) {
+            Chunk *c = &chunks[n_chunks++];
+            c->part = deadlines + start;
+            c->len = m - start < q->size ? m - start : q->size;
+            c->deadline = c->part[0];
+            c->q = q->index;
+            c->j = j;
+            if (isnan(c->deadline) || table(q->by_batch, c->len - 1, 0, &c->shallow) < 0) return -1;
+        }
+        deadlines += m;
+    }
+    qsort(chunks, (size_t)n_chunks, sizeof(Chunk), chunk_order);
+    return n_chunks;
+}
+
+/* guarded.doomed */
+static Py_ssize_t doomed(const Chunk *chunks, Py_ssize_t n_chunks, Py_ssize_t first_queue, double first_delta,
+                         double now) {
+    double t = now + first_delta;
+    Py_ssize_t late = 0;
+    for (Py_ssize_t i = 0; i < n_chunks; i++) {
+        const Chunk *c = &chunks[i];
+        if (c->j == 0 && c->q == first_queue) {
+            late += bisect_left(c->part, c->len, now + first_delta);
+            continue;
+        }
+        t += c->shallow;
+        if (c->deadline < t) late += bisect_left(c->part, c->len, t);
+    }
+    return late;
+}
+
+/* guarded.unavoidable */
+static Py_ssize_t unavoidable(const Chunk *chunks, Py_ssize_t n_chunks, double now) {
+    Py_ssize_t late = 0;
+    for (Py_ssize_t i = 0; i < n_chunks; i++)
+        if (chunks[i].deadline < now + chunks[i].shallow)
+            late += bisect_left(chunks[i].part, chunks[i].len, now + chunks[i].shallow);
+    return late;
+}
+
+/* A decision: what decide() returns. */
+typedef struct {
+    Py_ssize_t index, exit, batch;
+    double delta, score;
+} Move;
+
+static Move move_of(const Live *c) { return (Move){c->index, c->exit, c->batch, c->delta, c->score}; }
+
+/* GuardedStabilityPolicy._guard once none_doomed has failed; 0, or -1 (the Python path decides). */
+static int guard(const Live *live, Py_ssize_t count, const Live *pick, double now, Py_ssize_t lookahead,
+                 Move *out) {
+    double deadlines[MAX_TASKS];
+    Chunk chunks[MAX_TASKS]; /* each holds at least one task */
+    Py_ssize_t n_chunks = queue_chunks(live, count, lookahead, deadlines, chunks);
+    if (n_chunks < 0) return -1;
+    *out = move_of(pick);
+    Py_ssize_t lost = doomed(chunks, n_chunks, pick->index, pick->delta, now);
+    if (!lost || lost <= unavoidable(chunks, n_chunks, now)) return 0;
+    Py_ssize_t floor[MAX_QUEUES], least = lost;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double shallowest;
+        table(live[i].by_batch, live[i].batch - 1, 0, &shallowest);
+        floor[i] = doomed(chunks, n_chunks, live[i].index, shallowest, now);
+        if (floor[i] < least) least = floor[i];
+    }
+    if (least >= lost) return 0;
+    Py_ssize_t best_count = -1;
+    double best_score = 0.0;
+    Move best = *out;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Live *c = &live[i];
+        if (floor[i] >= lost) continue; /* cannot save more than the pick */
+        Py_ssize_t pos = c->exit, late = c == pick ? lost : doomed(chunks, n_chunks, c->index, c->delta, now);
+        double delta = c->delta;
+        while (late > floor[i] && pos > 0) { /* shallower until it saves what it can */
+            pos--;
+            table(c->by_batch, c->batch - 1, pos, &delta);
+            late = doomed(chunks, n_chunks, c->index, delta, now);
+        }
+        double score = isfinite(c->score) ? c->score : INFINITY;
+        if (best_count < 0 || late < best_count || (late == best_count && score < best_score)) {
+            best_count = late;
+            best_score = score;
+            best = (Move){c->index, pos, c->batch, delta, c->score};
+        }
+    }
+    if (best_count < lost) *out = best; /* another move saves strictly more tasks */
     return 0;
 }
 
@@ -244,7 +377,8 @@ static PyObject *decide(PyObject *self, PyObject *args) {
     }
     if (pick == NULL) goto fallback;
 
-    /* guarded.none_doomed: the guard keeps the pick without a look-ahead */
+    /* guarded.none_doomed: the guard keeps the pick without a look-ahead; else it looks further */
+    Move move = move_of(pick);
     if (count > 1) {
         double end = now + pick->delta, tightest = INFINITY;
         for (Py_ssize_t i = 0; i < count; i++) {
@@ -257,9 +391,9 @@ static PyObject *decide(PyObject *self, PyObject *args) {
             end += (double)full * whole + part;
             if (q->head_deadline < tightest) tightest = q->head_deadline;
         }
-        if (!(tightest > end + margin)) goto fallback;
+        if (!(tightest > end + margin) && guard(live, count, pick, now, lookahead, &move) < 0) goto fallback;
     }
-    result = Py_BuildValue("nnndd", pick->index, pick->exit, pick->batch, pick->delta, pick->score);
+    result = Py_BuildValue("nnndd", move.index, move.exit, move.batch, move.delta, move.score);
     goto done;
 
 fallback:
@@ -273,8 +407,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"decide", decide, METH_VARARGS,
-     "The default policy's decision where no queue mixes budgets and the guard keeps the stability\n"
-     "pick: (model, exit_pos, batch, delta_s, score), or None for the Python path."},
+     "The default policy's decision where no queue mixes budgets and the state is small:\n"
+     "(model, exit_pos, batch, delta_s, score), or None for the Python path."},
     {NULL, NULL, 0, NULL},
 };
 
