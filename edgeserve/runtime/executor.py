@@ -22,6 +22,10 @@ reads that return waited ~0.15-0.4 ms per batch under overload. So before it rea
 steps aside (`step_aside`) when the running batch is due to end: it blocks, the GIL released,
 until this thread has started the next batch. The Python between two batches (outputs, the next
 decision, stacking) holds the GIL either way; the loop loses only the wait for the batch's end.
+That gap is what keeps the backend idle, so it does no more than it must: a batch that ends while
+the loop waits there does not wake the loop (it answers the batch as it returns: the caller runs
+`run_completed` next), and the waiting loop is let go with one lock release, not an Event's
+Python-level condition.
 """
 
 from __future__ import annotations
@@ -35,8 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -68,9 +71,9 @@ def inline_safe(backend: Backend) -> bool:
     return bool(getattr(backend, "inline_safe", False))
 
 
-@dataclass(frozen=True)
-class BatchRun:
-    """A finished batch: its outputs by name (or the backend's exception) and when it ran."""
+class BatchRun(NamedTuple):
+    """A finished batch: its outputs by name (or the backend's exception) and when it ran.
+    (A NamedTuple: one is made between two batches, while the backend waits.)"""
 
     outputs: dict[str, np.ndarray] | None
     error: BaseException | None
@@ -106,7 +109,10 @@ class Executor:
         self._completing = False  # inside run_completed (a callback's answers may read: no re-entry)
         self._threaded = False  # the executor thread is running batches
         self._batches_started = 0  # on the executor thread
-        self._started = threading.Event()  # set as it starts a batch, and as it goes idle
+        # Held by the loop while it may wait in step_aside; the executor thread releases it as it
+        # starts a batch and as it goes idle (a Lock may be released by another thread).
+        self._gate = threading.Lock()
+        self._waiting = False  # the loop is in step_aside: a batch that ends need not wake it
         self._stepped_aside_for = -1  # the batch the loop last stepped aside for (once per batch)
 
     @property
@@ -155,12 +161,14 @@ class Executor:
 
         def _run() -> None:
             job: Job | None = (model, exit, samples, done)
+            gate = self._gate
             self._threaded = True
             try:
                 while job is not None:
                     name, at, batch_samples, callback = job
                     self._batches_started += 1
-                    self._started.set()
+                    if gate.locked():  # only this thread releases it: it stays locked until then
+                        gate.release()
                     run = run_batch(backend, name, at, batch_samples)
                     try:
                         job = None if follow is None or loop.is_closed() else follow()
@@ -168,11 +176,13 @@ class Executor:
                         _log.exception("deciding the next batch on the executor thread failed")
                         job = None
                     self._completed.append((callback, run))
-                    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-                        loop.call_soon_threadsafe(self.run_completed)
+                    if not self._waiting:  # a waiting loop runs it as step_aside returns
+                        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                            loop.call_soon_threadsafe(self.run_completed)
             finally:
                 self._threaded = False
-                self._started.set()
+                if gate.locked():
+                    gate.release()
 
         self._pool.submit(_run)
 
@@ -180,7 +190,8 @@ class Executor:
         """On the loop, before it reads: if the executor thread's batch is predicted to end (at
         `ends_at`, time.monotonic()) within STEP_ASIDE_AHEAD_S, or is past it, block until that
         thread starts its next batch or goes idle, at most STEP_ASIDE_LATE_S past `ends_at`; once
-        per batch. See the module docstring."""
+        per batch. The caller runs `run_completed` next: a batch that ended meanwhile did not wake
+        the loop. See the module docstring."""
         seq = self._batches_started
         if not self._threaded or seq == self._stepped_aside_for:
             return
@@ -188,10 +199,14 @@ class Executor:
         if not now >= ends_at - STEP_ASIDE_AHEAD_S:  # not due, or no prediction (NaN)
             return
         self._stepped_aside_for = seq
-        started = self._started
-        started.clear()  # then check: a batch started after the clear sets it again
-        if self._batches_started == seq and self._threaded:
-            started.wait(max(ends_at - now, 0.0) + STEP_ASIDE_LATE_S)
+        gate = self._gate
+        gate.acquire(blocking=False)  # held now (or still, from a wait that timed out); then check:
+        if self._batches_started == seq and self._threaded:  # a batch started since released it
+            self._waiting = True
+            try:
+                gate.acquire(timeout=max(ends_at - now, 0.0) + STEP_ASIDE_LATE_S)
+            finally:
+                self._waiting = False
 
     def run_completed(self) -> None:
         """On the loop: call the callbacks of the batches that have ended, in the order they ended."""
