@@ -15,13 +15,15 @@
  * on random states, exactly.
  *
  * decide(queues, models, now, theta, clip, code, batch_cap, small_state, tie_rtol,
- *        lookahead_batches, none_doomed_margin)
- *   -> (model, exit_pos, batch, delta_s, score) | None
+ *        lookahead_batches, none_doomed_margin, split)
+ *   -> (model, exit_id, batch, predicted_s, score) | None: a Dispatch's fields; `split`: the batch
+ *      rule "lookahead" (ModelLatency.batch_for cuts the batch), else "max".
  *
  * None whenever the case is not the usual one (a queue with mixed budgets, a state too big for the
  * plain scorer, no queued task, anything of an unexpected type):
  * the Python path then decides, as it always could. It reads TaskQueue's slots (_head, _tail,
- * _arrival, _deadline, _budget_counts) and ModelLatency's max_batch and by_batch.
+ * _arrival, _deadline, _budget_counts) and ModelLatency's max_batch, by_batch, exit_ids, splits and
+ * alone_splits.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,7 +41,8 @@ typedef struct {
     PyObject *by_batch; /* a reference the clean-up releases */
 } Live;
 
-static PyObject *s_head, *s_tail, *s_arrival, *s_deadline, *s_budget_counts, *s_max_batch, *s_by_batch;
+static PyObject *s_head, *s_tail, *s_arrival, *s_deadline, *s_budget_counts, *s_max_batch, *s_by_batch, *s_exit_ids,
+    *s_splits, *s_alone_splits;
 
 static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
     PyObject *value = PyObject_GetAttr(obj, name);
@@ -77,6 +80,20 @@ static int table(PyObject *by_batch, Py_ssize_t b, Py_ssize_t e, double *out) {
     if (!PyFloat_Check(value)) return -1;
     *out = PyFloat_AS_DOUBLE(value);
     return 0;
+}
+
+/* splits[n - 1][exit_pos] (ModelLatency.batch_for, from the attribute `name`); -1 if not a table of ints. */
+static Py_ssize_t batch_for(PyObject *model, PyObject *name, Py_ssize_t n, Py_ssize_t exit_pos) {
+    PyObject *splits = PyObject_GetAttr(model, name);
+    if (splits == NULL) return -1;
+    Py_ssize_t batch = -1;
+    if (PyTuple_Check(splits) && n >= 1 && n <= PyTuple_GET_SIZE(splits)) {
+        PyObject *row = PyTuple_GET_ITEM(splits, n - 1);
+        if (PyTuple_Check(row) && exit_pos < PyTuple_GET_SIZE(row) && PyLong_Check(PyTuple_GET_ITEM(row, exit_pos)))
+            batch = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, exit_pos));
+    }
+    Py_DECREF(splits);
+    return batch >= 1 && batch <= n ? batch : -1;
 }
 
 static Py_ssize_t n_exits(PyObject *by_batch, Py_ssize_t b) {
@@ -280,10 +297,10 @@ static int guard(const Live *live, Py_ssize_t count, const Live *pick, double no
 static PyObject *decide(PyObject *self, PyObject *args) {
     PyObject *queues, *models;
     double now, theta, clip, tie_rtol, margin;
-    int code;
+    int code, split;
     Py_ssize_t batch_cap, small_state, lookahead;
-    if (!PyArg_ParseTuple(args, "OOdddpnndnd", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
-                          &small_state, &tie_rtol, &lookahead, &margin))
+    if (!PyArg_ParseTuple(args, "OOdddpnndndp", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
+                          &small_state, &tie_rtol, &lookahead, &margin, &split))
         return NULL;
     if (!PyList_Check(queues) && !PyTuple_Check(queues)) Py_RETURN_NONE;
     if (!PyTuple_Check(models) || !isfinite(theta)) Py_RETURN_NONE;
@@ -393,7 +410,22 @@ static PyObject *decide(PyObject *self, PyObject *args) {
         }
         if (!(tightest > end + margin) && guard(live, count, pick, now, lookahead, &move) < 0) goto fallback;
     }
-    result = Py_BuildValue("nnndd", move.index, move.exit, move.batch, move.delta, move.score);
+
+    /* GuardedStabilityPolicy.decide: the batch rule, then the Dispatch's exit id */
+    PyObject *model = PyTuple_GET_ITEM(models, move.index);
+    if (split && move.batch > 1) {
+        const Live *q = live;
+        while (q->index != move.index) q++; /* the move serves a live queue */
+        move.batch = batch_for(model, move.batch == tasks ? s_alone_splits : s_splits, move.batch, move.exit);
+        if (move.batch < 0 || table(q->by_batch, move.batch - 1, move.exit, &move.delta) < 0) goto fallback;
+    }
+    PyObject *exit_ids = PyObject_GetAttr(model, s_exit_ids);
+    if (exit_ids == NULL) goto fallback;
+    if (PyTuple_Check(exit_ids) && move.exit < PyTuple_GET_SIZE(exit_ids))
+        result = Py_BuildValue("nOndd", move.index, PyTuple_GET_ITEM(exit_ids, move.exit), move.batch, move.delta,
+                               move.score);
+    Py_DECREF(exit_ids);
+    if (result == NULL) goto fallback;
     goto done;
 
 fallback:
@@ -408,7 +440,7 @@ done:
 static PyMethodDef methods[] = {
     {"decide", decide, METH_VARARGS,
      "The default policy's decision where no queue mixes budgets and the state is small:\n"
-     "(model, exit_pos, batch, delta_s, score), or None for the Python path."},
+     "(model, exit_id, batch, predicted_s, score), a Dispatch's fields, or None for the Python path."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -422,7 +454,11 @@ PyMODINIT_FUNC PyInit__quick(void) {
     s_budget_counts = PyUnicode_InternFromString("_budget_counts");
     s_max_batch = PyUnicode_InternFromString("max_batch");
     s_by_batch = PyUnicode_InternFromString("by_batch");
-    if (!s_head || !s_tail || !s_arrival || !s_deadline || !s_budget_counts || !s_max_batch || !s_by_batch)
+    s_exit_ids = PyUnicode_InternFromString("exit_ids");
+    s_splits = PyUnicode_InternFromString("splits");
+    s_alone_splits = PyUnicode_InternFromString("alone_splits");
+    if (!s_head || !s_tail || !s_arrival || !s_deadline || !s_budget_counts || !s_max_batch || !s_by_batch ||
+        !s_exit_ids || !s_splits || !s_alone_splits)
         return NULL;
     return PyModule_Create(&module);
 }

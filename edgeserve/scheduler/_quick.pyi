@@ -15,5 +15,6 @@ def decide(
     tie_rtol: float,
     lookahead_batches: int,
     none_doomed_margin: float,
+    split: bool,
     /,
 ) -> tuple[int, int, int, float, float] | None: ...

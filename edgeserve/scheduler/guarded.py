@@ -173,19 +173,22 @@ class GuardedStabilityPolicy:
         """Whether the compiled path takes the usual decisions (built, and a finite clip)."""
         return self._compiled is not None
 
-    def compiled_pick(self, queues: Sequence[TaskQueue], now: float) -> Candidate | None:
-        """The compiled path's pick (the same as Python's), or None where it does not apply."""
+    def compiled_decide(self, queues: Sequence[TaskQueue], now: float) -> Dispatch | None:
+        """The compiled path's decision (the same as Python's), or None where it does not apply."""
         if self._compiled is None:
             return None
         theta, clip, code = self._compiled_args
         found = self._compiled(
             queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0,
-            SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S,
+            SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S, self.batch_rule == "lookahead",
         )  # fmt: skip
-        return None if found is None else Candidate(*found)
+        return None if found is None else Dispatch(*found)
 
     def decide(self, queues: Sequence[TaskQueue], now: float) -> Dispatch | None:
-        pick = self.compiled_pick(queues, now) or self._pick(queues, now)
+        return self.compiled_decide(queues, now) or self._decide(queues, now)
+
+    def _decide(self, queues: Sequence[TaskQueue], now: float) -> Dispatch | None:
+        pick = self._pick(queues, now)
         if pick is None:
             return None
         model = self.latency.models[pick.model]

@@ -139,6 +139,13 @@ class TaskQueue:
 
     def _forget_budgets(self, budgets: np.ndarray) -> None:
         counts = self._budget_counts
+        if len(counts) == 1:  # one budget (the usual queue): every one of these is it
+            budget, count = next(iter(counts.items()))
+            if count > budgets.size:
+                counts[budget] = count - budgets.size
+            else:
+                del counts[budget]
+            return
         for budget in budgets.tolist():
             left = counts[budget] - 1
             if left:

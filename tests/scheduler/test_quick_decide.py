@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgeserve.profile import ProfileTable
-from edgeserve.scheduler import LatencyModel, TaskQueue, Urgency
+from edgeserve.scheduler import Dispatch, LatencyModel, TaskQueue, Urgency
 from edgeserve.scheduler.fast_scoring import SMALL_STATE
 from edgeserve.scheduler.guarded import GuardedStabilityPolicy, compiled_decide
 from edgeserve.scheduler.synthetic import paper_gpu_profiles
@@ -55,21 +55,25 @@ def _queues(rng: np.random.Generator, latency: LatencyModel, now: float) -> list
     return queues
 
 
-def _compiled(policy: GuardedStabilityPolicy, queues: list[TaskQueue], now: float) -> tuple | None:
-    """(model, exit_pos, batch, delta_s, score) as the compiled path picks it, or None."""
-    pick = policy.compiled_pick(queues, now)
-    return None if pick is None else tuple(pick[:5])
+def _compiled(policy: GuardedStabilityPolicy, queues: list[TaskQueue], now: float) -> Dispatch | None:
+    """The compiled path's decision, or None (the Python path decides)."""
+    return policy.compiled_decide(queues, now)
 
 
 @needs_compiled
 @pytest.mark.parametrize("urgency", [Urgency(), Urgency("code"), Urgency("paper", clip=2.0)], ids=str)
 @pytest.mark.parametrize("batch_cap", [None, 3])
-def test_the_compiled_path_decides_exactly_as_python(urgency: Urgency, batch_cap: int | None) -> None:
+@pytest.mark.parametrize("batch_rule", ["lookahead", "max"])
+def test_the_compiled_path_decides_exactly_as_python(
+    urgency: Urgency, batch_cap: int | None, batch_rule: str
+) -> None:
     rng = np.random.default_rng(7)
     taken = fallbacks = overruled = 0
     for latency in _latencies():
-        compiled = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap)
-        python = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap, compiled=False)
+        compiled = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap, batch_rule=batch_rule)
+        python = GuardedStabilityPolicy(
+            latency, urgency, batch_cap=batch_cap, batch_rule=batch_rule, compiled=False
+        )
         assert compiled.compiled and not python.compiled
         for _ in range(400):
             now = 1000.0 + float(rng.uniform(0.0, 1.0))
@@ -110,10 +114,12 @@ def test_the_compiled_path_leaves_to_python_what_it_does_not_cover() -> None:
     for k in range(10):
         doomed[2].push(1 + k, now - 0.030, slo)
     assert policy._inner.decide(doomed, now).model == 2
-    assert _compiled(policy, doomed, now)[0] == 0
+    assert _compiled(policy, doomed, now).model == 0
     assert policy.decide(doomed, now) == GuardedStabilityPolicy(latency, compiled=False).decide(doomed, now)
 
     light = [TaskQueue() for _ in range(3)]
     light[1].push(0, now - 0.001, slo)
-    model, exit_pos, batch, delta, _ = _compiled(policy, light, now)
-    assert (model, batch) == (1, 1) and delta == latency.models[1].latency(exit_pos, 1)
+    light_decision = _compiled(policy, light, now)
+    exit_pos = latency.models[1].exit_ids.index(light_decision.exit)
+    assert (light_decision.model, light_decision.batch) == (1, 1)
+    assert light_decision.predicted_s == latency.models[1].latency(exit_pos, 1)
