@@ -4,7 +4,8 @@ Both decide on the same random queue states in the same run (interleaved, so mac
 both alike); every decision is checked to agree. Scales: the paper's (3 models x 4 exits x
 B_max 10, ~30 queued tasks), a middle one, and 16 models with 1000 queued tasks; plus requests
 carrying their own deadlines (the exact fallback path). The default policy is also timed without
-its compiled path (scheduler/_quick.c), on the usual states and on light ones (what a server sees).
+its compiled path (scheduler/_quick.c), on the usual states, on light ones (what a server sees) and
+with requests' own deadlines.
 
     .venv/bin/python benchmarks/decision_cost.py            # ~1 minute on 2 cores
     .venv/bin/python benchmarks/decision_cost.py --states 100
@@ -60,6 +61,15 @@ SCALES = (
         30,
         policy=DEFAULT_POLICY,
         max_age=0.3,
+        compiled=False,
+    ),
+    Scale("paper scale, default, own deadlines", 3, 30, mixed_budgets=True, policy=DEFAULT_POLICY),
+    Scale(
+        "paper scale, default, own deadlines, Python only",
+        3,
+        30,
+        mixed_budgets=True,
+        policy=DEFAULT_POLICY,
         compiled=False,
     ),
     Scale(f"16 x 1000, default policy ({DEFAULT_POLICY})", 16, 1000, policy=DEFAULT_POLICY),

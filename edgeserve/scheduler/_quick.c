@@ -5,43 +5,47 @@
  * core and ~32 us beside a busy event loop, against batches of ~0.5 ms on the demo models: the
  * executor cannot be busy 95 % of the time. This file computes the same decision in ~2 us.
  *
- * Same decision, bit for bit: it is GuardedStabilityPolicy.decide (guarded.py) for the case that
- * decides nearly every batch under load, with the same arithmetic in the same order as
- * scoring_python.python_candidates, candidates.choose_exits (rule "safe"), candidates.pick_min and
- * the guard (guarded.none_doomed, then queue_chunks, doomed, unavoidable and the search of
+ * Same decision, bit for bit: it is GuardedStabilityPolicy.decide (guarded.py) for the states that
+ * decide nearly every batch under load, with the same arithmetic in the same order as the scorer
+ * fast_scoring picks for them (scoring_python.python_candidates where every queue has one budget;
+ * reference.reference_candidates' per-task loop for small states that mix budgets: requests with
+ * their own deadlines or capture times, and the server's plans as its measured lag steps),
+ * candidates.choose_exits (rule "safe"), candidates.pick_min and the guard (guarded.none_doomed, then queue_chunks, doomed, unavoidable and the search of
  * GuardedStabilityPolicy._guard: under overload, on a 2-core box, 10-20 % of decisions needed that
  * search, ~90 us each in Python). Compile with -ffp-contract=off (setup.py): a fused multiply-add
  * would round differently. tests/scheduler/test_quick_decide.py compares it with the Python path
  * on random states, exactly.
  *
- * decide(queues, models, now, theta, clip, code, batch_cap, small_state, tie_rtol,
+ * decide(queues, models, now, theta, clip, code, batch_cap, small_state, small_loop, tie_rtol,
  *        lookahead_batches, none_doomed_margin, split)
  *   -> (model, exit_id, batch, predicted_s, score) | None: a Dispatch's fields; `split`: the batch
  *      rule "lookahead" (ModelLatency.batch_for cuts the batch), else "max".
  *
- * None whenever the case is not the usual one (a queue with mixed budgets, a state too big for the
- * plain scorer, no queued task, anything of an unexpected type):
- * the Python path then decides, as it always could. It reads TaskQueue's slots (_head, _tail,
- * _arrival, _deadline, _budget_counts) and ModelLatency's max_batch, by_batch, exit_ids, splits and
- * alone_splits.
+ * None whenever the case is not the usual one (a state too big for the plain scorer or the loop, no
+ * queued task, anything of an unexpected type): the Python path then decides, as it always could.
+ * It reads TaskQueue's slots (_head, _tail, _arrival, _budget, _deadline, _budget_counts) and
+ * ModelLatency's max_batch, by_batch, exit_ids, splits and alone_splits.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 
 #define MAX_QUEUES 64
-#define MAX_TASKS 256 /* small_state (200) bounds the tasks the plain scorer takes */
+#define MAX_TASKS 256 /* small_state (200) and small_loop (120) bound the tasks the C path takes */
 
 typedef struct {
     PyObject *queue; /* borrowed from the caller's list */
     Py_ssize_t index, head, n, k, max_batch, size, batch, exit, paper, protective;
+    int uniform; /* one budget (the factorised score); else the per-task loop */
     double budget, slack, head_deadline, delta, score;
-    double *neg_ys; /* n values, oldest first */
-    double *suffix; /* n - k + 1 values: suffix[i - k] = sum of the factors of tasks i..n-1 */
+    double *neg_ys;   /* n values, oldest first: (arrival - now) / budget (first the arrivals) */
+    double *suffix;   /* n - k + 1 values: suffix[i - k] = sum of the factors of tasks i..n-1 */
+    double *budgets;  /* the loop: n values */
+    double *deadlines; /* the loop: n values */
     PyObject *by_batch; /* a reference the clean-up releases */
 } Live;
 
-static PyObject *s_head, *s_tail, *s_arrival, *s_deadline, *s_budget_counts, *s_max_batch, *s_by_batch, *s_exit_ids,
+static PyObject *s_head, *s_tail, *s_arrival, *s_budget, *s_deadline, *s_budget_counts, *s_max_batch, *s_by_batch, *s_exit_ids,
     *s_splits, *s_alone_splits;
 
 static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
@@ -128,29 +132,33 @@ static Py_ssize_t bisect_right(const double *a, Py_ssize_t n, double x) {
     return lo;
 }
 
-/* Everything a queue of at most `room` tasks contributes; 1: empty (skip), 0: read, -1: not the
- * usual case. */
-static int read_queue(PyObject *queue, Py_ssize_t room, double now, double theta, int code, double *ys,
-                      double *sums, Live *q) {
+/* A queue of at most `room` tasks: its length, whether it has one budget, its arrivals (into
+ * q->neg_ys); 1: empty (skip), 0: read, -1: not a state this file takes. */
+static int read_queue(PyObject *queue, Py_ssize_t room, double *arrivals, Live *q) {
     Py_ssize_t head, tail;
     if (get_ssize(queue, s_head, &head) < 0 || get_ssize(queue, s_tail, &tail) < 0) return -1;
     q->queue = queue;
     q->head = head;
     q->n = tail - head;
+    q->k = 0; /* the loop clips nothing ahead (factorise sets it) */
     if (q->n <= 0 || q->n > room) return q->n == 0 ? 1 : -1;
     PyObject *counts = PyObject_GetAttr(queue, s_budget_counts);
     if (counts == NULL) return -1;
     Py_ssize_t pos = 0;
     PyObject *key, *value;
-    int one = PyDict_Check(counts) && PyDict_GET_SIZE(counts) == 1 && PyDict_Next(counts, &pos, &key, &value);
-    q->budget = one ? PyFloat_AsDouble(key) : -1.0;
+    q->uniform = PyDict_Check(counts) && PyDict_GET_SIZE(counts) == 1 && PyDict_Next(counts, &pos, &key, &value);
+    q->budget = q->uniform ? PyFloat_AsDouble(key) : NAN;
     Py_DECREF(counts);
-    if (!one || PyErr_Occurred()) return -1; /* mixed budgets: scoring_python does not apply */
-    if (get_item(queue, s_arrival, head, q->n, ys) < 0) return -1;
-    if (get_item(queue, s_deadline, head, 1, &q->head_deadline) < 0) return -1;
-    double budget = q->budget, first_arrival = ys[0];
+    if (PyErr_Occurred()) return -1;
+    q->neg_ys = arrivals;
+    return get_item(queue, s_arrival, head, q->n, arrivals);
+}
+
+/* scoring_python.python_candidates' per-queue terms (one budget): -y's, clipped prefix, suffix sums. */
+static int factorise(Live *q, double now, double theta, int code, double *sums) {
+    if (get_item(q->queue, s_deadline, q->head, 1, &q->head_deadline) < 0) return -1;
+    double *ys = q->neg_ys, budget = q->budget, first_arrival = ys[0];
     for (Py_ssize_t i = 0; i < q->n; i++) ys[i] = (ys[i] - now) / budget;
-    q->neg_ys = ys;
     q->k = bisect_right(ys, q->n, -theta);
     /* accumulate(factors of tasks n-1 .. k, initial=0.0), then reversed */
     Py_ssize_t m = q->n - q->k;
@@ -164,6 +172,32 @@ static int read_queue(PyObject *queue, Py_ssize_t room, double now, double theta
     q->suffix = sums;
     q->slack = (first_arrival + budget) - now;
     return 0;
+}
+
+/* reference_candidates' per-queue terms (budgets mixed somewhere): budgets, deadlines, the batch's
+ * slack (min(d - now) over its deadlines), and none_doomed's tightest deadline of the look-ahead. */
+static int read_loop(Live *q, double now, Py_ssize_t lookahead, double *budgets, double *deadlines) {
+    if (get_item(q->queue, s_budget, q->head, q->n, budgets) < 0) return -1;
+    if (get_item(q->queue, s_deadline, q->head, q->n, deadlines) < 0) return -1;
+    q->budgets = budgets;
+    q->deadlines = deadlines;
+    for (Py_ssize_t i = 0; i < q->n; i++)
+        if (isnan(deadlines[i]) || isnan(budgets[i])) return -1;
+    q->slack = deadlines[0] - now;
+    for (Py_ssize_t i = 1; i < q->batch; i++)
+        if (deadlines[i] - now < q->slack) q->slack = deadlines[i] - now;
+    Py_ssize_t m = q->n < q->size * lookahead ? q->n : q->size * lookahead;
+    q->head_deadline = deadlines[0];
+    for (Py_ssize_t i = 1; i < m; i++)
+        if (deadlines[i] < q->head_deadline) q->head_deadline = deadlines[i];
+    return 0;
+}
+
+/* Urgency.__call__ */
+static double urgency(double x, double theta, double clip, int code) {
+    if (x >= theta) return clip;
+    double u = code ? exp(x - 1.0) : expm1(x) / (M_E - 1.0);
+    return clip < u ? clip : u;
 }
 
 /* bisect.bisect_left */
@@ -194,8 +228,8 @@ static int chunk_order(const void *a, const void *b) {
     return x->j < y->j ? -1 : (x->j > y->j);
 }
 
-/* guarded.queue_chunks (every queue has one budget here: its deadlines are in order); the number
- * of chunks, or -1 if a table or a deadline is not what it should be. */
+/* guarded.queue_chunks (a queue with one budget has its deadlines in order; the others' batches are
+ * sorted); the number of chunks, or -1 if a table or a deadline is not what it should be. */
 static Py_ssize_t queue_chunks(const Live *live, Py_ssize_t count, Py_ssize_t lookahead, double *deadlines,
                                Chunk *chunks) {
     Py_ssize_t n_chunks = 0;
@@ -210,6 +244,16 @@ static Py_ssize_t queue_chunks(const Live *live, Py_ssize_t count, Py_ssize_t lo
             c->deadline = c->part[0];
             c->q = q->index;
             c->j = j;
+            if (!q->uniform) { /* part.sort(): an insertion sort of at most a batch */
+                double *part = deadlines + start;
+                for (Py_ssize_t a = 1; a < c->len; a++) {
+                    double v = part[a];
+                    Py_ssize_t b = a;
+                    for (; b > 0 && v < part[b - 1]; b--) part[b] = part[b - 1];
+                    part[b] = v;
+                }
+                c->deadline = part[0];
+            }
             if (isnan(c->deadline) || table(q->by_batch, c->len - 1, 0, &c->shallow) < 0) return -1;
         }
         deadlines += m;
@@ -298,9 +342,9 @@ static PyObject *decide(PyObject *self, PyObject *args) {
     PyObject *queues, *models;
     double now, theta, clip, tie_rtol, margin;
     int code, split;
-    Py_ssize_t batch_cap, small_state, lookahead;
-    if (!PyArg_ParseTuple(args, "OOdddpnndndp", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
-                          &small_state, &tie_rtol, &lookahead, &margin, &split))
+    Py_ssize_t batch_cap, small_state, small_loop, lookahead;
+    if (!PyArg_ParseTuple(args, "OOdddpnnndndp", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
+                          &small_state, &small_loop, &tie_rtol, &lookahead, &margin, &split))
         return NULL;
     if (!PyList_Check(queues) && !PyTuple_Check(queues)) Py_RETURN_NONE;
     if (!PyTuple_Check(models) || !isfinite(theta)) Py_RETURN_NONE;
@@ -308,13 +352,13 @@ static PyObject *decide(PyObject *self, PyObject *args) {
     if (n_queues > MAX_QUEUES || n_queues > PyTuple_GET_SIZE(models)) Py_RETURN_NONE;
 
     Live live[MAX_QUEUES];
-    double ys[MAX_TASKS], sums[MAX_TASKS + MAX_QUEUES];
+    double ys[MAX_TASKS], sums[MAX_TASKS + MAX_QUEUES], budgets[MAX_TASKS], deadlines[MAX_TASKS];
     Py_ssize_t count = 0, tasks = 0, used = 0;
+    int mixed = 0;
     PyObject *result = NULL;
     for (Py_ssize_t i = 0; i < n_queues; i++) {
         Live *q = &live[count];
-        int rc = read_queue(PySequence_Fast_GET_ITEM(queues, i), MAX_TASKS - tasks, now, theta, code, ys + tasks,
-                            sums + used, q);
+        int rc = read_queue(PySequence_Fast_GET_ITEM(queues, i), MAX_TASKS - tasks, ys + tasks, q);
         if (rc < 0) goto fallback;
         if (rc == 1) continue;
         q->index = i;
@@ -327,9 +371,18 @@ static PyObject *decide(PyObject *self, PyObject *args) {
         q->size = q->max_batch < cap ? q->max_batch : cap; /* the look-ahead's batches */
         q->batch = q->n < q->size ? q->n : q->size;
         tasks += q->n;
+        mixed |= !q->uniform;
+    }
+    /* fast_scoring.fast_candidates' choice of scorer: the two this file computes, or Python */
+    if (count == 0 || (mixed ? tasks * count > small_loop : tasks + 3 * count * count > small_state)) goto fallback;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Live *q = &live[i];
+        Py_ssize_t at = q->neg_ys - ys;
+        if (mixed ? read_loop(q, now, lookahead, budgets + at, deadlines + at) < 0
+                  : factorise(q, now, theta, code, sums + used) < 0)
+            goto fallback;
         used += q->n - q->k + 1;
     }
-    if (count == 0 || tasks + 3 * count * count > small_state) goto fallback;
 
     /* choose_exits(rule="safe") */
     double spares[MAX_QUEUES];
@@ -352,7 +405,8 @@ static PyObject *decide(PyObject *self, PyObject *args) {
         any_safe |= q->paper <= q->protective;
     }
 
-    /* python_candidates' scores, then pick_min over the eligible */
+    /* the candidates' scores (python_candidates, or reference_candidates' loop), then pick_min over
+     * the eligible */
     const double e1 = M_E - 1.0;
     Py_ssize_t pool[MAX_QUEUES], n_pool = 0;
     for (Py_ssize_t c = 0; c < count; c++) {
@@ -361,7 +415,13 @@ static PyObject *decide(PyObject *self, PyObject *args) {
         if (!any_safe || m->paper <= m->protective) pool[n_pool++] = c;
         table(m->by_batch, m->batch - 1, m->exit, &m->delta);
         double score = 0.0;
-        for (Py_ssize_t j = 0; j < count; j++) {
+        for (Py_ssize_t j = 0; mixed && j < count; j++) {
+            const Live *q = &live[j];
+            const double *arrivals = q->neg_ys; /* not factorised: still the arrivals */
+            for (Py_ssize_t k = j == c ? m->batch : 0; k < q->n; k++)
+                score += urgency((now - arrivals[k] + m->delta) / q->budgets[k], theta, clip, code);
+        }
+        for (Py_ssize_t j = 0; !mixed && j < count; j++) {
             Live *q = &live[j];
             double shift = m->delta / q->budget;
             Py_ssize_t clipped = bisect_right(q->neg_ys, q->n, shift - theta);
@@ -450,6 +510,7 @@ PyMODINIT_FUNC PyInit__quick(void) {
     s_head = PyUnicode_InternFromString("_head");
     s_tail = PyUnicode_InternFromString("_tail");
     s_arrival = PyUnicode_InternFromString("_arrival");
+    s_budget = PyUnicode_InternFromString("_budget");
     s_deadline = PyUnicode_InternFromString("_deadline");
     s_budget_counts = PyUnicode_InternFromString("_budget_counts");
     s_max_batch = PyUnicode_InternFromString("max_batch");
@@ -457,7 +518,7 @@ PyMODINIT_FUNC PyInit__quick(void) {
     s_exit_ids = PyUnicode_InternFromString("exit_ids");
     s_splits = PyUnicode_InternFromString("splits");
     s_alone_splits = PyUnicode_InternFromString("alone_splits");
-    if (!s_head || !s_tail || !s_arrival || !s_deadline || !s_budget_counts || !s_max_batch || !s_by_batch ||
+    if (!s_head || !s_tail || !s_arrival || !s_budget || !s_deadline || !s_budget_counts || !s_max_batch || !s_by_batch ||
         !s_exit_ids || !s_splits || !s_alone_splits)
         return NULL;
     return PyModule_Create(&module);

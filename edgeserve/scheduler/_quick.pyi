@@ -12,6 +12,7 @@ def decide(
     code: bool,
     batch_cap: int,
     small_state: int,
+    small_loop: int,
     tie_rtol: float,
     lookahead_batches: int,
     none_doomed_margin: float,

@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 
 from edgeserve.scheduler.candidates import TIE_RTOL, Candidate, pick_min
 from edgeserve.scheduler.decision import Dispatch
-from edgeserve.scheduler.fast_scoring import SMALL_STATE
+from edgeserve.scheduler.fast_scoring import SMALL_LOOP, SMALL_STATE
 from edgeserve.scheduler.latency import LatencyModel, ModelLatency
 from edgeserve.scheduler.queues import TaskQueue
 from edgeserve.scheduler.stability import StabilityPolicy
@@ -179,8 +179,8 @@ class GuardedStabilityPolicy:
             return None
         theta, clip, code = self._compiled_args
         found = self._compiled(
-            queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0,
-            SMALL_STATE, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S, self.batch_rule == "lookahead",
+            queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0, SMALL_STATE,
+            SMALL_LOOP, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S, self.batch_rule == "lookahead",
         )  # fmt: skip
         return None if found is None else Dispatch(*found)
 

@@ -1,5 +1,6 @@
 """The compiled decision (scheduler/_quick.c) against the Python path it replaces: the same
-Dispatch, to the bit, on random states; None (the Python path decides) wherever it does not apply."""
+Dispatch, to the bit, on random states (one budget per queue, and budgets mixed); None (the Python
+path decides) wherever it does not apply."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from edgeserve.profile import ProfileTable
 from edgeserve.scheduler import Dispatch, LatencyModel, TaskQueue, Urgency
-from edgeserve.scheduler.fast_scoring import SMALL_STATE
+from edgeserve.scheduler.fast_scoring import SMALL_LOOP, SMALL_STATE
 from edgeserve.scheduler.guarded import GuardedStabilityPolicy, compiled_decide
 from edgeserve.scheduler.synthetic import paper_gpu_profiles
 
@@ -37,10 +38,13 @@ def _latencies() -> list[LatencyModel]:
 
 
 def _queues(rng: np.random.Generator, latency: LatencyModel, now: float) -> list[TaskQueue]:
-    """Each queue one budget (its own), from idle to far past its deadlines; some empty. Arrivals
-    on a coarse grid, now and then, so that deadlines tie within and across queues."""
+    """Queues from idle to far past their deadlines; some empty. Each has one budget (its own),
+    except that now and then some tasks bring their own (a request's deadline_ms, a camera's
+    capture time), a few of them tighter than older tasks'. Arrivals on a coarse grid, now and
+    then, so that deadlines tie within and across queues."""
     slowest = max(float(m.seconds.max()) for m in latency.models)
     grid = slowest * float(rng.choice([0.0, 0.5]))
+    own = float(rng.choice([0.0, 0.0, 0.3]))  # the share of tasks with a budget of their own
     queues = []
     for m in range(len(latency.models)):
         queue = TaskQueue(capacity=4)
@@ -50,7 +54,8 @@ def _queues(rng: np.random.Generator, latency: LatencyModel, now: float) -> list
         if grid:
             ages = np.round(ages / grid) * grid
         for k, age in enumerate(sorted(ages, reverse=True)):
-            queue.push(100 * m + k, now - age, budget)
+            mine = budget * float(rng.choice([0.5, 0.9, 1.5])) if rng.random() < own else budget
+            queue.push(100 * m + k, now - age, mine)
         queues.append(queue)
     return queues
 
@@ -68,7 +73,7 @@ def test_the_compiled_path_decides_exactly_as_python(
     urgency: Urgency, batch_cap: int | None, batch_rule: str
 ) -> None:
     rng = np.random.default_rng(7)
-    taken = fallbacks = overruled = 0
+    taken = fallbacks = overruled = mixed = 0
     for latency in _latencies():
         compiled = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap, batch_rule=batch_rule)
         python = GuardedStabilityPolicy(
@@ -82,12 +87,13 @@ def test_the_compiled_path_decides_exactly_as_python(
                 fallbacks += 1
             else:
                 taken += 1
+                mixed += any(queue and queue.uniform_budget is None for queue in queues)
                 unguarded = python._inner.decide(queues, now)  # the stability pick, before the guard
                 decision = python.decide(queues, now)
                 overruled += (decision.model, decision.exit) != (unguarded.model, unguarded.exit)
             assert compiled.decide(queues, now) == python.decide(queues, now)  # floats compared exactly
-    print(f"{taken} compiled ({overruled} where the guard overruled the stability pick), {fallbacks} Python")
-    assert taken > 400 and fallbacks > 50 and overruled > 50  # every path exercised
+    print(f"{taken} compiled ({mixed} mixing budgets, {overruled} overruled), {fallbacks} Python")
+    assert taken > 400 and mixed > 100 and overruled > 50 and fallbacks > 50  # every path exercised
 
 
 @needs_compiled
@@ -99,8 +105,11 @@ def test_the_compiled_path_leaves_to_python_what_it_does_not_cover() -> None:
 
     mixed = [TaskQueue() for _ in range(3)]
     mixed[0].push(1, now - 0.01, slo)
-    mixed[0].push(2, now - 0.005, slo / 2)  # a request with its own deadline
-    assert _compiled(policy, mixed, now) is None
+    mixed[0].push(2, now - 0.005, slo / 2)  # a request with its own deadline: the loop's scores
+    assert _compiled(policy, mixed, now) == GuardedStabilityPolicy(latency, compiled=False).decide(mixed, now)
+    for k in range(SMALL_LOOP // 3):
+        mixed[2].push(10 + k, now - 0.004 + k * 1e-5, slo)
+    assert _compiled(policy, mixed, now) is None  # past the loop's size: numpy's matrix
 
     big = [TaskQueue() for _ in range(3)]
     for k in range(SMALL_STATE + 1):
