@@ -8,20 +8,20 @@
 
 Requests are written as soon as they are made, up to the window the server advertises in its
 hello (`max_in_flight`, docs/protocol.md): beyond it a request waits in the client until an answer
-frees a slot, so a burst is queued here instead of answered `rejected` by the server. One reader
-task resolves each request's future by id, so answers may arrive in any order. If the connection
-drops, every waiting call raises ConnectionError.
+frees a slot, so a burst is queued here instead of answered `rejected` by the server. The
+connection's protocol resolves each request's future by id as its answer's bytes arrive, in the
+same callback (a StreamReader and a reader task cost one more loop turn per answer), so answers
+may arrive in any order. If the connection drops, every waiting call raises ConnectionError.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import itertools
 import threading
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -129,16 +129,84 @@ def parse_target(target: str) -> tuple[str, str | int]:
     raise EdgeServeError(f"--target {target!r}: use unix:///path/to.sock or tcp://host:port{hint}")
 
 
+class _Connection(asyncio.Protocol):
+    """The client's end of one connection: whole frames decoded as bytes arrive, each message
+    handed to `on_message` in the same callback; flow control for writes (`drain`)."""
+
+    def __init__(
+        self, on_message: Callable[[dict[str, Any]], None], on_lost: Callable[[BaseException], None]
+    ) -> None:
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        size, pos = len(buffer), 0
+        try:
+            while size - pos >= HEADER.size:
+                (length,) = HEADER.unpack_from(buffer, pos)
+                if length > CLIENT_MAX_FRAME:
+                    raise ProtocolError(f"an answer of {length} bytes exceeds {CLIENT_MAX_FRAME}")
+                end = pos + HEADER.size + length
+                if size < end:
+                    break
+                body = bytes(buffer[pos + HEADER.size : end])
+                pos = end
+                self._on_message(decode_body(body, CLIENT_MAX_FRAME))
+        except (ProtocolError, KeyError, ValueError, TypeError) as exc:
+            self._fail(ConnectionError(f"unreadable answer from the server: {exc}"))
+            return
+        finally:
+            del buffer[:pos]
+
+    def _fail(self, error: BaseException) -> None:
+        self._buffer.clear()
+        self._on_lost(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost(ConnectionError("the server closed the connection"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        if self._paused and not self.lost.done():
+            if self._drained is None or self._drained.done():
+                self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+
 class AsyncClient:
     """One connection; make it with `await AsyncClient.connect(target, token=...)`."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self) -> None:
+        self._connection: _Connection | None = None
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._reader_task: asyncio.Task[None] | None = None
+        self._hello: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
         self._closed_error: BaseException | None = None
+        self._refusal: ServerRefused | None = None  # the server's error message, before it closes
         self._on_wire = 0  # requests written and not yet answered
         self._held: deque[bytes] = deque()  # frames waiting for a slot in the window
         self.respect_window = True
@@ -151,27 +219,33 @@ class AsyncClient:
         """Connect and say hello. `respect_window=False` writes every request at once, beyond the
         server's max_in_flight (tests of the server's own limit); clients keep the default."""
         kind, address = parse_target(target)
-        limit = CLIENT_MAX_FRAME
+        loop = asyncio.get_running_loop()
+        client = cls()
+        client.respect_window = respect_window
+
+        def protocol() -> _Connection:
+            return _Connection(client._on_message, client._on_lost)
+
         try:
             if kind == "unix":
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_unix_connection(str(address), limit=limit), timeout
-                )
+                opening = loop.create_unix_connection(protocol, str(address))
             else:
                 host, port = str(address).rsplit(":", 1)
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, int(port), limit=limit), timeout
-                )
+                opening = loop.create_connection(protocol, host, int(port))
+            _, client._connection = await asyncio.wait_for(opening, timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             raise ConnectFailed(connect_failure(target, kind, str(address), exc)) from None
-        client = cls(reader, writer)
-        client.respect_window = respect_window
         try:
             await asyncio.wait_for(client._handshake(token), timeout)
         except BaseException:
-            writer.close()
+            client._transport.abort()
             raise
         return client
+
+    @property
+    def _transport(self) -> asyncio.Transport:
+        assert self._connection is not None and self._connection.transport is not None
+        return self._connection.transport
 
     async def _handshake(self, token: str | None) -> None:
         hello: dict[str, Any] = {
@@ -181,8 +255,8 @@ class AsyncClient:
         }
         if token is not None:
             hello["token"] = token
-        self._writer.write(encode_frame(hello))
-        message = await self._read_message()
+        self._transport.write(encode_frame(hello))
+        message = await self._hello
         if message is None:
             raise ServerRefused("the server closed the connection during the hello")
         if message.get("type") == "error":
@@ -190,7 +264,32 @@ class AsyncClient:
         if message.get("type") != "hello":
             raise ServerRefused(f"expected a hello reply, got {message.get('type')!r}")
         self.hello = message
-        self._reader_task = asyncio.ensure_future(self._read_loop())
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        """An answer (or the hello's reply): resolve its future now, in the protocol's callback."""
+        if not self._hello.done():
+            self._hello.set_result(message)
+            return
+        if message.get("type") == "error":  # the server closes next: say why
+            self._refusal = ServerRefused(f"server closed the connection: {message.get('error')}")
+            return
+        future = self._pending.pop(message.get("id", -1), None)
+        if future is not None:
+            self._answered()
+            if not future.done():
+                future.set_result(Reply.from_message(message))
+
+    def _on_lost(self, error: BaseException) -> None:
+        if self._closed_error is not None:
+            return
+        self._closed_error = error = self._refusal or error
+        if not self._hello.done():
+            self._hello.set_result(None)
+        self._held.clear()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
 
     @property
     def window(self) -> int | None:
@@ -206,53 +305,19 @@ class AsyncClient:
             self._held.append(frame)
             return
         self._on_wire += 1
-        self._writer.write(frame)
+        self._transport.write(frame)
 
     def _answered(self) -> None:
         self._on_wire = max(0, self._on_wire - 1)
         window = self.window
         while self._held and (window is None or self._on_wire < window):
             self._on_wire += 1
-            self._writer.write(self._held.popleft())
+            self._transport.write(self._held.popleft())
 
     @property
     def models(self) -> dict[str, Any]:
         """The server's model table from the hello: input dtype/shape, SLO, exits."""
         return dict(self.hello.get("models", {}))
-
-    async def _read_message(self) -> dict[str, Any] | None:
-        try:
-            header = await self._reader.readexactly(HEADER.size)
-            (length,) = HEADER.unpack(header)
-            body = await self._reader.readexactly(length)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return None
-        return decode_body(body, CLIENT_MAX_FRAME)
-
-    async def _read_loop(self) -> None:
-        error: BaseException = ConnectionError("the server closed the connection")
-        try:
-            while True:
-                message = await self._read_message()
-                if message is None:
-                    break
-                if message.get("type") == "error":
-                    error = ServerRefused(f"server closed the connection: {message.get('error')}")
-                    continue
-                future = self._pending.pop(message.get("id", -1), None)
-                if future is not None:
-                    self._answered()
-                    if not future.done():
-                        future.set_result(Reply.from_message(message))
-        except (ProtocolError, KeyError, ValueError) as exc:
-            error = ConnectionError(f"unreadable answer from the server: {exc}")
-        finally:
-            self._closed_error = error
-            self._held.clear()
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(error)
-            self._pending.clear()
 
     def send(
         self,
@@ -296,7 +361,8 @@ class AsyncClient:
     ) -> Reply:
         """Send one request and await its Reply (other calls may be in flight meanwhile)."""
         future = self.send(model, x, deadline_ms=deadline_ms, capture_ts=capture_ts, priority=priority)
-        await self._writer.drain()
+        assert self._connection is not None
+        await self._connection.drain()
         return await future
 
     @property
@@ -306,11 +372,10 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close the connection; calls still waiting raise ConnectionError."""
-        self._writer.close()
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
-        if self._reader_task is not None:
-            await asyncio.gather(self._reader_task, return_exceptions=True)
+        if self._connection is None:
+            return
+        self._transport.close()
+        await self._connection.lost
 
     async def __aenter__(self) -> AsyncClient:
         return self
