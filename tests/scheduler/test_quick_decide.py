@@ -107,7 +107,7 @@ def test_the_compiled_path_leaves_to_python_what_it_does_not_cover() -> None:
     mixed[0].push(1, now - 0.01, slo)
     mixed[0].push(2, now - 0.005, slo / 2)  # a request with its own deadline: the loop's scores
     assert _compiled(policy, mixed, now) == GuardedStabilityPolicy(latency, compiled=False).decide(mixed, now)
-    for k in range(SMALL_LOOP // 3):
+    for k in range(SMALL_LOOP):  # tasks x live queues past SMALL_LOOP
         mixed[2].push(10 + k, now - 0.004 + k * 1e-5, slo)
     assert _compiled(policy, mixed, now) is None  # past the loop's size: numpy's matrix
 
