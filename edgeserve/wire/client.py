@@ -159,7 +159,8 @@ class _Connection(asyncio.Protocol):
                 end = pos + HEADER.size + length
                 if size < end:
                     break
-                body = bytes(buffer[pos + HEADER.size : end])
+                with memoryview(buffer) as view:  # one copy of the body (a slice would make two)
+                    body = bytes(view[pos + HEADER.size : end])
                 pos = end
                 self._on_message(decode_body(body, CLIENT_MAX_FRAME))
         except (ProtocolError, KeyError, ValueError, TypeError) as exc:
@@ -173,6 +174,16 @@ class _Connection(asyncio.Protocol):
         self._on_lost(error)
         if self.transport is not None:
             self.transport.abort()
+
+    def eof_received(self) -> None:
+        """The server closed its end (after an error message, or at shutdown): nothing more will
+        be answered; the transport then closes."""
+        self._on_lost(ConnectionError("the server closed the connection"))
+
+    def write(self, frame: bytes) -> None:
+        """Write unless the connection is closing (the waiting calls already have their error)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._on_lost(ConnectionError("the server closed the connection"))
@@ -247,6 +258,10 @@ class AsyncClient:
         assert self._connection is not None and self._connection.transport is not None
         return self._connection.transport
 
+    def _connection_write(self, frame: bytes) -> None:
+        assert self._connection is not None
+        self._connection.write(frame)
+
     async def _handshake(self, token: str | None) -> None:
         hello: dict[str, Any] = {
             "type": "hello",
@@ -255,7 +270,7 @@ class AsyncClient:
         }
         if token is not None:
             hello["token"] = token
-        self._transport.write(encode_frame(hello))
+        self._connection_write(encode_frame(hello))
         message = await self._hello
         if message is None:
             raise ServerRefused("the server closed the connection during the hello")
@@ -305,14 +320,14 @@ class AsyncClient:
             self._held.append(frame)
             return
         self._on_wire += 1
-        self._transport.write(frame)
+        self._connection_write(frame)
 
     def _answered(self) -> None:
         self._on_wire = max(0, self._on_wire - 1)
         window = self.window
         while self._held and (window is None or self._on_wire < window):
             self._on_wire += 1
-            self._transport.write(self._held.popleft())
+            self._connection_write(self._held.popleft())
 
     @property
     def models(self) -> dict[str, Any]:
