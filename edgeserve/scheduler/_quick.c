@@ -141,6 +141,7 @@ static int read_queue(PyObject *queue, Py_ssize_t room, double *arrivals, Live *
     q->head = head;
     q->n = tail - head;
     q->k = 0; /* the loop clips nothing ahead (factorise sets it) */
+    q->deadlines = NULL; /* read_loop reads them all */
     if (q->n <= 0 || q->n > room) return q->n == 0 ? 1 : -1;
     PyObject *counts = PyObject_GetAttr(queue, s_budget_counts);
     if (counts == NULL) return -1;
@@ -236,7 +237,10 @@ static Py_ssize_t queue_chunks(const Live *live, Py_ssize_t count, Py_ssize_t lo
     for (Py_ssize_t i = 0; i < count; i++) {
         const Live *q = &live[i];
         Py_ssize_t m = q->n < q->size * lookahead ? q->n : q->size * lookahead;
-        if (get_item(q->queue, s_deadline, q->head, m, deadlines) < 0) return -1;
+        if (q->deadlines != NULL) /* read already (read_loop); copied: a batch's part is sorted here */
+            memcpy(deadlines, q->deadlines, (size_t)m * sizeof(double));
+        else if (get_item(q->queue, s_deadline, q->head, m, deadlines) < 0)
+            return -1;
         for (Py_ssize_t j = 0, start = 0; start < m; j++, start += q->size) {
             Chunk *c = &chunks[n_chunks++];
             c->part = deadlines + start;
