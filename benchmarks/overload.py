@@ -80,6 +80,7 @@ SCRAPED = {  # summed over models
     "edgeserve_request_duration_seconds_count": "ok_n",  # the server's arrival-to-answer, `ok` only
     "edgeserve_request_duration_seconds_sum": "ok_s",
     "edgeserve_batches_total": "batches",
+    "edgeserve_batches_decided_ahead_total": "ahead",
     "edgeserve_compute_duration_seconds_sum": "compute_s",
 }
 
@@ -346,6 +347,7 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         # what the executor did per batch: its mean size (ok answers per batch) and compute time
         "batch_mean": (after["ok_n"] - before["ok_n"]) / batches,
         "batch_us": 1e6 * (after["compute_s"] - before["compute_s"]) / batches,
+        "ahead": (after["ahead"] - before["ahead"]) / batches,  # decided while the one before ran
         **quantiles("gap", spans["gap"]),
         **quantiles("decision", spans["decision"]),
     }
@@ -388,7 +390,7 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "x|in_deadline_x|>5.2f rej/s|rejected_per_s|>7.0f x|rejected_x|>5.2f exp/s|expired_per_s|>6.0f "
     "x|expired_x|>5.2f late/s|late_per_s|>6.0f x|late_x|>5.2f lost|lost|>5 p50ms|p50_ms|>6.2f "
     "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f batch|batch_mean|>5.1f "
-    "batchus|batch_us|>7.0f busy|busy|>5.2f oncpu|on_cpu|>5.2f gap50us|gap_p50_us|>7.0f "
+    "batchus|batch_us|>7.0f ahead|ahead|>5.0% busy|busy|>5.3f oncpu|on_cpu|>5.2f gap50us|gap_p50_us|>7.0f "
     "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]

@@ -208,6 +208,12 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         "Decisions the configured policy raised on (the fallback policy decided instead)",
     )
     failures.add(int(snapshot.get("policy_failures", 0)))
+    ahead = Family(
+        "edgeserve_batches_decided_ahead_total",
+        "counter",
+        "Batches decided while the batch before them still ran, and started as it ended",
+    )
+    ahead.add(int(snapshot.get("batches_ahead", 0)))
     return [
         requests,
         violations,
@@ -220,6 +226,7 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         busy_cpu,
         utilisation,
         failures,
+        ahead,
         *_latency_cells(snapshot.get("latency_cells", ())),
     ]
 

@@ -181,6 +181,7 @@ class Counters:
     busy_s: float = 0.0
     busy_cpu_s: float = 0.0  # CPU time of the thread running the batches, within busy_s
     policy_failures: int = 0  # decisions the configured policy failed to make (the fallback made them)
+    batches_ahead: int = 0  # batches the loop decided while the one before still ran (Server._decide_ahead)
     started: float = field(default_factory=time.monotonic)
     # Histograms per served model (keys come from the config's models only, so they stay bounded).
     request_duration: dict[str, Histogram] = field(default_factory=dict)  # `ok` answers: queued -> end
@@ -238,6 +239,7 @@ class Counters:
             "violations": dict(self.violations),
             "batches": dict(self.batches),
             "policy_failures": self.policy_failures,
+            "batches_ahead": self.batches_ahead,
             "served": served,
             "decision": self.decision.snapshot(),
             "executor_busy_s": self.busy_s,

@@ -69,6 +69,13 @@ LAG_WEIGHT = 0.2  # EWMA weight of the latest batch's answer delay (batch end ->
 # Short batches run on the loop only while a callback it schedules runs within this (an EWMA):
 # past it the loop is busy reading, and a batch run there would hold every connection's frames.
 INLINE_LOOP_DELAY_S = 200e-6
+# Before a read, the loop decides the batch after the running one when that is due to end within
+# this, and this share of its predicted time at most (`_decide_ahead`); the executor thread then
+# starts it without deciding. "Due" is the end the batches' measured share of their predicted
+# (quantile) time gives, an EWMA of this weight.
+DECIDE_AHEAD_S = 300e-6
+DECIDE_AHEAD_SHARE = 0.4
+DUE_WEIGHT = 0.05
 
 
 def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
@@ -159,6 +166,14 @@ class Server:
         self._close_task: asyncio.Future[None] | None = None
         self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
         self._busy_until = 0.0  # predicted end of the running batch (the offload planner reads it)
+        self._threaded = False  # the running batch is on the executor thread (not inline)
+        self._ahead_s = 0.0  # how long before the running batch's end `_decide_ahead` may decide
+        self._started_at, self._predicted_s = 0.0, 0.0  # the running batch's start and prediction
+        self._due = 0.0  # when it is likely to end: its predicted time scaled by `_due_share`
+        self._due_share = 1.0  # EWMA: the share of their predicted time batches on the thread take
+        # The batch after the running one, decided by the loop as that was due to end, and its
+        # predicted duration: `_follow` starts it (`_decide_ahead`).
+        self._ahead: tuple[Job, float] | None = None
         self._inline_ok = False  # the backend lets the loop run short batches itself (executor.py)
         self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
         self._kicked_at = 0.0
@@ -382,9 +397,12 @@ class Server:
     def run_completed(self) -> None:
         """Answer the batches that have ended now, not a loop turn later (executor.py): a front
         door calls it before it reads, so the windows the answers free take the frames it reads.
-        First, if the running batch is due to end, step aside for the executor thread."""
+        First, if the running batch is due to end, decide the next one for the executor thread
+        (`_decide_ahead`) and step aside for it."""
         executor = self._executor
         if executor is not None:
+            if self._threaded and self._ahead is None:
+                self._decide_ahead()
             executor.step_aside(self._busy_until)
             self._answer_holders.hold()
             try:
@@ -742,9 +760,18 @@ class Server:
     def _take(self, decision: Dispatch, now: float, inline: bool = False) -> Job:
         """Pop the decided batch and mark the executor busy (holding the lock); an `inline` batch's
         callback says so, so that it frees the executor and answers before the next batch runs."""
+        self._start(now, decision.predicted_s, threaded=not inline)
+        return self._job(decision, now, inline)
+
+    def _start(self, now: float, predicted_s: float, threaded: bool) -> None:
+        self._busy, self._threaded = True, threaded
+        self._busy_until = now + predicted_s
+        self._started_at, self._predicted_s = now, predicted_s
+        self._due = now + self._due_share * predicted_s
+        self._ahead_s = min(DECIDE_AHEAD_S, DECIDE_AHEAD_SHARE * predicted_s)
+
+    def _job(self, decision: Dispatch, now: float, inline: bool = False) -> Job:
         tasks = self._book.pop(decision.model, decision.batch, now)
-        self._busy = True
-        self._busy_until = now + decision.predicted_s
         m = decision.model
         return (
             self._names[m],
@@ -757,10 +784,22 @@ class Server:
         """On the executor thread, as a batch ends: the next batch, decided at once by the same
         policy on the same queues, so the executor does not wait a loop turn for it; None when the
         loop must decide (nothing queued, or a mode whose decisions answer requests or talk to
-        upstreams: those happen on the loop, when the finished batch's callback reaches it)."""
+        upstreams: those happen on the loop, when the finished batch's callback reaches it). The
+        batch the loop decided ahead (`_decide_ahead`), if any, without deciding."""
         with self._lock:
-            self._busy = False
-            if self._closed or self._expire_late or self._offload is not None or not any(self._queues):
+            if self._threaded and self._predicted_s > 0:  # (a quantile: most batches end sooner)
+                share = min(max((time.monotonic() - self._started_at) / self._predicted_s, 0.2), 2.0)
+                self._due_share += DUE_WEIGHT * (share - self._due_share)
+            self._busy = self._threaded = False
+            ahead, self._ahead = self._ahead, None
+            if self._closed:
+                return None  # (an ahead batch's tasks were answered `shutdown` with the rest)
+            if ahead is not None:
+                job, predicted_s = ahead
+                self._start(time.monotonic(), predicted_s, threaded=True)
+                self.counters.batches_ahead += 1
+                return job
+            if self._expire_late or self._offload is not None or not any(self._queues):
                 return None
             assert self._policy is not None
             now = time.monotonic()
@@ -773,6 +812,35 @@ class Server:
             if not isinstance(decision, Dispatch) or decision.drops or self._runs_inline(decision):
                 return None  # a short batch: the loop decides again and runs it itself
             return self._take(decision, now)
+
+    def _decide_ahead(self) -> None:
+        """On the loop, before a read: if the batch on the executor thread is due to end within
+        its `_ahead_s` (`_due`: most end well before their predicted quantile), decide the next
+        one now, as of that end, and leave it for `_follow`. The
+        executor thread then starts it as the running one ends: the decision and the taking of its
+        tasks (~25 us between two batches at 10x, where the loop and ONNX Runtime's return share
+        the cores) happen while the backend still runs, not while it waits. Same policy, same
+        queues: only requests that arrive in the last `_ahead_s` miss that batch. The modes
+        whose decisions the loop must act on (expire, upstreams) and short batches stay as they
+        were (`_follow` returns None for them)."""
+        now = time.monotonic()
+        if not now >= self._due - self._ahead_s or self._expire_late or self._offload is not None:
+            return
+        assert self._policy is not None
+        with self._lock:  # the executor thread's `_follow` may run meanwhile: check again
+            if not (self._busy and self._threaded) or self._ahead is not None or self._closed:
+                return
+            at = max(now, self._due)
+            if not any(self._queues) or not now >= at - self._ahead_s:
+                return
+            t0 = time.perf_counter()
+            try:
+                decision = self._policy.decide(self._queues, at)
+            except Exception:
+                return  # `_follow` or the loop asks again, logs and falls back
+            self.counters.decision.add(time.perf_counter() - t0)
+            if isinstance(decision, Dispatch) and not decision.drops and not self._runs_inline(decision):
+                self._ahead = (self._job(decision, now), decision.predicted_s)
 
     def _ask_policy(self, at: float, now: float) -> Decision | None:
         """The configured policy's decision; if it raises, the fallback's; if that raises too (the
