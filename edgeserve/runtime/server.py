@@ -5,7 +5,9 @@ loop asks the policy: drops are answered `expired`, a Dispatch pops a batch and 
 executor thread (one batch at a time; a short batch that empties the queues of an idle loop runs
 on the loop itself, see executor.py), a Wait sets one wake-up timer (replaced on the next
 arrival). As a batch ends the executor thread asks the same policy for the next one itself
-(`_follow`, under the lock the queues share), so the executor never waits for a busy loop; the
+(`_follow`, under the lock the queues share), so the executor never waits for a busy loop; or,
+when a front's read came just before the batch's end, the loop decided it ahead
+(`_decide_ahead`) and the executor thread starts it without a decision in between. The
 finished batch goes back to the loop, which answers each request through its front's `reply`
 callback, so every request gets exactly one Result.
 """
