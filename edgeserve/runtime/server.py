@@ -818,13 +818,12 @@ class Server:
     def _decide_ahead(self) -> None:
         """On the loop, before a read: if the batch on the executor thread is due to end within
         its `_ahead_s` (`_due`: most end well before their predicted quantile), decide the next
-        one now, as of that end, and leave it for `_follow`. The
-        executor thread then starts it as the running one ends: the decision and the taking of its
-        tasks (~25 us between two batches at 10x, where the loop and ONNX Runtime's return share
-        the cores) happen while the backend still runs, not while it waits. Same policy, same
-        queues: only requests that arrive in the last `_ahead_s` miss that batch. The modes
-        whose decisions the loop must act on (expire, upstreams) and short batches stay as they
-        were (`_follow` returns None for them)."""
+        one now, as of that end, and leave it for `_follow`, which starts it as the running one
+        ends: the decision and the taking of its tasks (~25 us between two batches at 10x, where
+        the loop and ONNX Runtime's return share the cores) happen while the backend still runs,
+        not while it waits. Same policy, same queues: only requests that arrive in the last
+        `_ahead_s` miss that batch. The modes whose decisions the loop must act on (expire,
+        upstreams), drops and short batches are left to `_follow` and the loop, as before."""
         now = time.monotonic()
         if not now >= self._due - self._ahead_s or self._expire_late or self._offload is not None:
             return
