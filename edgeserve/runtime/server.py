@@ -169,9 +169,9 @@ class Server:
         self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
         self._busy_until = 0.0  # predicted end of the running batch (the offload planner reads it)
         self._threaded = False  # the running batch is on the executor thread (not inline)
-        self._ahead_s = 0.0  # how long before the running batch's end `_decide_ahead` may decide
-        self._started_at, self._predicted_s = 0.0, 0.0  # the running batch's start and prediction
+        self._started_at = 0.0  # the running batch's start (its prediction: `_busy_until`)
         self._due = 0.0  # when it is likely to end: its predicted time scaled by `_due_share`
+        self._decide_from = 0.0  # from when `_decide_ahead` may decide the batch after it
         self._due_share = 1.0  # EWMA: the share of their predicted time batches on the thread take
         # The batch after the running one, decided by the loop as that was due to end, and its
         # predicted duration: `_follow` starts it (`_decide_ahead`).
@@ -767,10 +767,9 @@ class Server:
 
     def _start(self, now: float, predicted_s: float, threaded: bool) -> None:
         self._busy, self._threaded = True, threaded
-        self._busy_until = now + predicted_s
-        self._started_at, self._predicted_s = now, predicted_s
+        self._busy_until, self._started_at = now + predicted_s, now
         self._due = now + self._due_share * predicted_s
-        self._ahead_s = min(DECIDE_AHEAD_S, DECIDE_AHEAD_SHARE * predicted_s)
+        self._decide_from = self._due - min(DECIDE_AHEAD_S, DECIDE_AHEAD_SHARE * predicted_s)
 
     def _job(self, decision: Dispatch, now: float, inline: bool = False) -> Job:
         tasks = self._book.pop(decision.model, decision.batch, now)
@@ -789,8 +788,9 @@ class Server:
         upstreams: those happen on the loop, when the finished batch's callback reaches it). The
         batch the loop decided ahead (`_decide_ahead`), if any, without deciding."""
         with self._lock:
-            if self._threaded and self._predicted_s > 0:  # (a quantile: most batches end sooner)
-                share = min(max((time.monotonic() - self._started_at) / self._predicted_s, 0.2), 2.0)
+            predicted_s = self._busy_until - self._started_at
+            if self._threaded and predicted_s > 0:  # (a quantile: most batches end sooner)
+                share = min(max((time.monotonic() - self._started_at) / predicted_s, 0.2), 2.0)
                 self._due_share += DUE_WEIGHT * (share - self._due_share)
             self._busy = self._threaded = False
             ahead, self._ahead = self._ahead, None
@@ -803,44 +803,44 @@ class Server:
                 return job
             if self._expire_late or self._offload is not None or not any(self._queues):
                 return None
-            assert self._policy is not None
             now = time.monotonic()
-            t0 = time.perf_counter()
-            try:
-                decision = self._policy.decide(self._queues, now)
-            except Exception:
-                return None  # the loop asks again, logs and falls back (_ask_policy)
-            self.counters.decision.add(time.perf_counter() - t0)
-            if not isinstance(decision, Dispatch) or decision.drops or self._runs_inline(decision):
-                return None  # a short batch: the loop decides again and runs it itself
-            return self._take(decision, now)
+            decision = self._thread_decision(now)
+            return None if decision is None else self._take(decision, now)
+
+    def _thread_decision(self, at: float) -> Dispatch | None:
+        """The policy's batch as of `at` for the executor thread (holding the lock); None where the
+        loop must decide instead: the policy raised (the loop asks again, logs and falls back:
+        `_ask_policy`), it waits or drops, or the batch is short (the loop runs it itself)."""
+        assert self._policy is not None
+        t0 = time.perf_counter()
+        try:
+            decision = self._policy.decide(self._queues, at)
+        except Exception:
+            return None
+        self.counters.decision.add(time.perf_counter() - t0)
+        if not isinstance(decision, Dispatch) or decision.drops or self._runs_inline(decision):
+            return None
+        return decision
 
     def _decide_ahead(self) -> None:
         """On the loop, before a read: if the batch on the executor thread is due to end within
-        its `_ahead_s` (`_due`: most end well before their predicted quantile), decide the next
+        DECIDE_AHEAD_S (`_due`: most end well before their predicted quantile), decide the next
         one now, as of that end, and leave it for `_follow`, which starts it as the running one
         ends: the decision and the taking of its tasks (~25 us between two batches at 10x, where
         the loop and ONNX Runtime's return share the cores) happen while the backend still runs,
         not while it waits. Same policy, same queues: only requests that arrive in the last
-        `_ahead_s` miss that batch. The modes whose decisions the loop must act on (expire,
+        DECIDE_AHEAD_S miss that batch. The modes whose decisions the loop must act on (expire,
         upstreams), drops and short batches are left to `_follow` and the loop, as before."""
         now = time.monotonic()
-        if not now >= self._due - self._ahead_s or self._expire_late or self._offload is not None:
+        if not now >= self._decide_from or self._expire_late or self._offload is not None:
             return
-        assert self._policy is not None
-        with self._lock:  # the executor thread's `_follow` may run meanwhile: check again
+        with self._lock:  # the executor thread's `_follow` may have started the next one: check again
             if not (self._busy and self._threaded) or self._ahead is not None or self._closed:
                 return
-            at = max(now, self._due)
-            if not any(self._queues) or not now >= at - self._ahead_s:
+            if not any(self._queues) or not now >= self._decide_from:
                 return
-            t0 = time.perf_counter()
-            try:
-                decision = self._policy.decide(self._queues, at)
-            except Exception:
-                return  # `_follow` or the loop asks again, logs and falls back
-            self.counters.decision.add(time.perf_counter() - t0)
-            if isinstance(decision, Dispatch) and not decision.drops and not self._runs_inline(decision):
+            decision = self._thread_decision(max(now, self._due))
+            if decision is not None:
                 self._ahead = (self._job(decision, now), decision.predicted_s)
 
     def _ask_policy(self, at: float, now: float) -> Decision | None:
