@@ -903,29 +903,16 @@ class Server:
 
     def _batch_done(self, m: int, exit: int, tasks: list[Task], inline: bool, run: BatchRun) -> None:
         """A batch ended (the executor thread may already run the next one, see `_follow`): decide
-        if it did not, then write these answers (the queues do not hold them any more). After an
-        inline batch the answers go first: the next inline batch then runs after their writes."""
-        name = self._names[m]
+        if it did not, write these answers (the queues do not hold them any more), then do the
+        batch's bookkeeping, which no answer waits for. After an inline batch the answers go first
+        and the bookkeeping (calibration included) precedes the next decision."""
+        lag = time.monotonic() - run.end  # how long the batch waited for the loop
+        if lag == lag:  # not nan
+            self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
         if inline:
             with self._lock:
                 self._busy = False
-            if not math.isnan(run.start):  # its callback waited this long behind the loop's others
-                self._loop_delay += LAG_WEIGHT * (run.start - tasks[0].dispatch - self._loop_delay)
-        lag = time.monotonic() - run.end
-        if lag == lag:  # not nan
-            self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
-        if not math.isnan(run.start):
-            self.counters.busy_s += run.end - run.start
-            self.counters.busy_cpu_s += run.cpu_s
-            self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))
-        self.counters.batches[name] += 1
-        if self._calibration is not None and run.error is None and not math.isnan(run.start):
-            with self._lock:  # it may update the latency table the executor thread's policy reads
-                lines = self._calibration.observe(m, exit, len(tasks), run.end - run.start, run.end)
-                self._shallowest_s[m] = self.latency_model.models[m].latency(0, 1)
-            for line in lines:
-                _log.warning(line)
-        if not inline:
+        else:
             self._decide()
         outputs = run.outputs
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
@@ -944,8 +931,26 @@ class Server:
                 self._finish(task, result)
         finally:
             self._answer_holders.release()
+        self._account(m, exit, tasks, inline, run)
         if inline:
             self._decide()
+
+    def _account(self, m: int, exit: int, tasks: list[Task], inline: bool, run: BatchRun) -> None:
+        """A batch's counters, the loop's delay and the online latency calibration."""
+        name = self._names[m]
+        if inline and not math.isnan(run.start):  # its callback waited this long behind the loop's others
+            self._loop_delay += LAG_WEIGHT * (run.start - tasks[0].dispatch - self._loop_delay)
+        if not math.isnan(run.start):
+            self.counters.busy_s += run.end - run.start
+            self.counters.busy_cpu_s += run.cpu_s
+            self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))
+        self.counters.batches[name] += 1
+        if self._calibration is not None and run.error is None and not math.isnan(run.start):
+            with self._lock:  # it may update the latency table the executor thread's policy reads
+                lines = self._calibration.observe(m, exit, len(tasks), run.end - run.start, run.end)
+                self._shallowest_s[m] = self.latency_model.models[m].latency(0, 1)
+            for line in lines:
+                _log.warning(line)
 
 
 def _tensor_problem(who: str, dtype: np.dtype[Any], shape: tuple[int, ...], x: object) -> str | None:
