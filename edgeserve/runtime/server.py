@@ -620,8 +620,12 @@ class Server:
 
     def _finish(self, task: Task, result: Result) -> None:
         """Answer a task exactly once; later answers for it (e.g. after shutdown) are ignored."""
-        if not self._book.answer(task):
-            return
+        if self._book.answer(task):
+            _deliver(task.reply, result)
+            self._count(result)
+
+    def _count(self, result: Result) -> None:
+        """An answer's counters (after its delivery: no answer waits for them)."""
         model = result.model
         self.counters.requests[(model, result.status.value)] += 1
         if result.status is Status.EXPIRED or (result.status is Status.OK and result.late):
@@ -631,7 +635,6 @@ class Server:
         if result.status is Status.OK:
             self.counters.observe_ok(model, result.queued, result.start, result.end)
             self.counters.served[(model, result.served_by)] += 1
-        _deliver(task.reply, result)
 
     def _on_cancel(self, task: Task) -> None:
         """A caller gave up: drop its task if still queued; a running batch completes regardless."""
@@ -920,6 +923,7 @@ class Server:
             error = _outputs_problem(outputs, len(tasks))
         ran: dict[str, Any] = {"start": run.start, "batch_size": len(tasks)}
         names = self._output_names[m][exit]
+        answered: list[Result] = []
         self._answer_holders.hold()
         try:
             for i, task in enumerate(tasks):
@@ -928,9 +932,13 @@ class Server:
                 else:
                     mine = {name: value[i] for name, value in zip(names, outputs.values(), strict=False)}
                     result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
-                self._finish(task, result)
+                if self._book.answer(task):
+                    _deliver(task.reply, result)
+                    answered.append(result)
         finally:
             self._answer_holders.release()
+        for result in answered:
+            self._count(result)
         self._account(m, exit, tasks, inline, run)
         if inline:
             self._decide()

@@ -68,12 +68,18 @@ class Reply:
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> Reply:
         exit_info = message.get("exit") or {}
+        raw = message.get("outputs") or {}
+        outputs = {str(k): decode_tensor(v) for k, v in raw.items()}
         output = message.get("output")
+        if output is not None:  # the server sends the first of `outputs` again: decode it once
+            first = next(iter(raw), None)
+            same = first is not None and raw[first] == output
+            output = outputs[str(first)] if same else decode_tensor(output)
         return cls(
             id=message["id"],
             status=message["status"],
             model=message.get("model", ""),
-            output=None if output is None else decode_tensor(output),
+            output=output,
             exit_index=exit_info.get("index"),
             exit_name=exit_info.get("name"),
             expected_accuracy=exit_info.get("accuracy"),
@@ -82,7 +88,7 @@ class Reply:
             priority=message.get("priority"),
             error=message.get("error"),
             served_by=str(message.get("served_by") or "local"),
-            outputs={str(k): decode_tensor(v) for k, v in (message.get("outputs") or {}).items()},
+            outputs=outputs,
         )
 
 
