@@ -74,7 +74,7 @@ from edgeserve.wire.frames import (
     parse_hello,
     parse_infer,
 )
-from edgeserve.wire.tensors import DTYPES, encode_tensor
+from edgeserve.wire.tensors import encode_tensor
 
 _log = logging.getLogger(__name__)
 
@@ -131,19 +131,9 @@ def _ms(value: float) -> float | None:
     return None if value != value else round(value, 4)  # nan -> None (msgpack has no nan-free float)
 
 
-_NATIVE = {np.dtype(name): name for name in DTYPES if np.dtype(name).newbyteorder("<") == np.dtype(name)}
-
-
 def output_field(output: object) -> dict[str, Any] | None:
-    """The wire form of an output: a C-ordered native array of a sendable dtype (the backend's
-    rows) without the general encoder's copies and dtype look-ups."""
-    if output is None:
-        return None
-    if type(output) is np.ndarray and output.flags.c_contiguous:
-        name = _NATIVE.get(output.dtype)
-        if name is not None:
-            return {"dtype": name, "shape": list(output.shape), "data": output.tobytes()}
-    return encode_tensor(np.asarray(output))
+    """The wire form of an output (None stays None)."""
+    return None if output is None else encode_tensor(np.asarray(output))
 
 
 def _tensor_entry(spec: TensorSpec) -> dict[str, Any]:
