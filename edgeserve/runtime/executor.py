@@ -156,7 +156,7 @@ class Executor:
         loop = asyncio.get_running_loop()
 
         if inline:
-            loop.call_soon(self._run_inline, model, exit, samples, done)
+            loop.call_soon(self.run_inline, model, exit, samples, done)
             return
 
         def _run() -> None:
@@ -224,9 +224,10 @@ class Executor:
         finally:
             self._completing = False
 
-    def _run_inline(
+    def run_inline(
         self, model: str, exit: int, samples: Sequence[Sample], done: Callable[[BatchRun], object]
     ) -> None:
+        """Run a batch on the calling (loop) thread now and call `done`; see `submit`."""
         backend = self._backend
         if backend is None:  # closed since the batch was submitted
             done(BatchRun(None, RuntimeError("executor is closed"), math.nan, time.monotonic()))

@@ -179,6 +179,7 @@ class Server:
         self._inline_ok = False  # the backend lets the loop run short batches itself (executor.py)
         self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
         self._kicked_at = 0.0
+        self._ran_here = False  # an inline batch runs in the callback that decided it (`_dispatch`)
         self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
         # The fronts that write the answers handed out together in one write per connection.
         self._answer_holders = AnswerHolders()
@@ -676,7 +677,7 @@ class Server:
     def _decide_now(self) -> None:
         self._decide_pending = False
         self._loop_delay += LAG_WEIGHT * (time.monotonic() - self._kicked_at - self._loop_delay)
-        self._decide()
+        self._decide(here=True)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -713,11 +714,12 @@ class Server:
                     out.append((task, self._result(task, Status.EXPIRED, now, error="cannot meet deadline")))
         return out
 
-    def _decide(self, wake_at: float = -math.inf) -> None:
+    def _decide(self, wake_at: float = -math.inf, here: bool = False) -> None:
         """Expire hopeless tasks (expire mode); if the executor is free, ask the policy and act.
 
         `wake_at`: the `until` of the Wait whose timer fired; the policy is asked as of at least
         that time, so timer granularity (1 ms in uvloop and epoll) never delays a deferred batch.
+        `here`: an inline batch runs in this callback (see `_dispatch`).
         """
         if self._closed:
             return
@@ -748,7 +750,7 @@ class Server:
         for task, result in answer:
             self._finish(task, result)
         if job is not None:
-            self._dispatch(job, inline)
+            self._dispatch(job, inline, here)
         self._sync_depths()
 
     def _runs_inline(self, decision: Dispatch) -> bool:
@@ -891,12 +893,21 @@ class Server:
             changed=self._sync_depths,
         )
 
-    def _dispatch(self, job: Job, inline: bool) -> None:
+    def _dispatch(self, job: Job, inline: bool, here: bool = False) -> None:
         """Hand a batch to the executor thread (or, `inline`, to a loop callback); its callback
         (`_batch_done`) runs on the loop when it ends, and the batches `_follow` decides on the
-        executor thread run after it without the loop."""
+        executor thread run after it without the loop. An inline batch decided in the callback a
+        request's arrival scheduled (`here`, `_kick`) runs at once: that callback already waited
+        for the loop turn's reads, and the batch took every queued task."""
         assert self._executor is not None and self._loop is not None
         name, exit, samples, done = job
+        if inline and here:
+            self._ran_here = True
+            try:
+                self._executor.run_inline(name, exit, samples, done)
+            finally:
+                self._ran_here = False
+            return
         try:
             self._executor.submit(name, exit, samples, done, follow=self._follow, inline=inline)
         except RuntimeError as exc:  # the executor itself is closed under us: answer, keep going
@@ -912,6 +923,7 @@ class Server:
         lag = time.monotonic() - run.end  # how long the batch waited for the loop
         if lag == lag:  # not nan
             self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
+        hopped = inline and not self._ran_here  # it waited for a loop callback
         if inline:
             with self._lock:
                 self._busy = False
@@ -939,14 +951,14 @@ class Server:
             self._answer_holders.release()
         for result in answered:
             self._count(result)
-        self._account(m, exit, tasks, inline, run)
+        self._account(m, exit, tasks, hopped, run)
         if inline:
             self._decide()
 
-    def _account(self, m: int, exit: int, tasks: list[Task], inline: bool, run: BatchRun) -> None:
+    def _account(self, m: int, exit: int, tasks: list[Task], hopped: bool, run: BatchRun) -> None:
         """A batch's counters, the loop's delay and the online latency calibration."""
         name = self._names[m]
-        if inline and not math.isnan(run.start):  # its callback waited this long behind the loop's others
+        if hopped and not math.isnan(run.start):  # its callback waited this long behind the loop's others
             self._loop_delay += LAG_WEIGHT * (run.start - tasks[0].dispatch - self._loop_delay)
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
