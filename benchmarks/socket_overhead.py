@@ -220,11 +220,22 @@ async def main(args: argparse.Namespace) -> None:
                 target=client_main, args=(child_end, urls, args.model, xs, args.concurrency), daemon=True
             )
             child.start()
-            assert await asyncio.to_thread(pipe.recv) == "ready"
+            child_end.close()  # the child's end lives in the child only: its exit ends our reads
+
+            async def answer() -> Any:
+                try:
+                    return await asyncio.to_thread(pipe.recv)
+                except EOFError:
+                    child.join(5)
+                    raise SystemExit(
+                        f"the client process exited ({child.exitcode}) mid-measurement; its error is above"
+                    ) from None
+
+            assert await answer() == "ready"
 
             async def remote(kind: str, name: str, amount: Any) -> Any:
                 pipe.send((kind, name, amount))  # the server's loop runs while the client measures
-                return await asyncio.to_thread(pipe.recv)
+                return await answer()
 
         names = [*local, "unix", "tcp", "http-bin", "http-json", "http-stack-bin", "http-stack-json"]
 
