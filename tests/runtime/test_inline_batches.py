@@ -208,3 +208,25 @@ def test_the_loop_steps_aside_once_per_batch_until_the_executor_starts_the_next(
     assert seen["second_ended"] == 2 and seen["second"] < 5
     assert seen["short"] < 0.15 and seen["short_ended"] == 2  # the third batch (0.2 s) still runs
     assert seen["again"] < 0.1 and seen["again_ended"] == 2
+
+
+def test_requests_of_one_loop_turn_run_as_one_inline_batch(served) -> None:
+    """The decision waits for the loop turn's arrivals (one callback per turn) and the inline
+    batch it picks runs in that callback: requests sent together are still answered together,
+    from one batch on the loop's thread."""
+    root, models = served
+    factory = HookedFactory(inline_safe=True)
+    xs = models["tiny_a"].random_input(4, seed=10)
+
+    async def main() -> tuple[list[Result], int]:
+        async with Server(config_dict(root), backend_factory=factory) as server:
+            await server.infer("tiny_a", xs[0])
+            results = await asyncio.gather(*(server.infer("tiny_a", x) for x in xs))
+            return list(results), threading.get_ident()
+
+    results, loop_thread = run(main())
+    _check(results, models["tiny_a"], xs)
+    assert {r.batch_size for r in results} == {len(xs)}
+    assert len({(r.start, r.end) for r in results}) == 1
+    backend = factory.backend
+    assert backend is not None and backend.threads["run"] == {loop_thread}

@@ -30,6 +30,16 @@ def test_every_allowed_dtype_round_trips_exactly(dtype: str) -> None:
     assert y.dtype == x.dtype and np.array_equal(x, y)
 
 
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if np.dtype(d).itemsize > 1])
+def test_big_endian_and_strided_arrays_go_out_as_little_endian_c_order(dtype: str) -> None:
+    x = (np.arange(24) % 7).astype(dtype).reshape(4, 6)
+    for sent in (x.astype(np.dtype(dtype).newbyteorder(">")), x.T, x[:, ::2], np.asfortranarray(x)):
+        wire = encode_tensor(sent)
+        assert wire["dtype"] == dtype and wire["shape"] == list(sent.shape)
+        assert wire["data"] == np.ascontiguousarray(sent, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+        assert np.array_equal(decode_tensor(wire), sent)
+
+
 def test_tensor_byte_count_must_match_the_shape() -> None:
     with pytest.raises(TensorError, match="has 15 bytes; float32 \\[2, 2\\] needs 16"):
         decode_tensor({"dtype": "float32", "shape": [2, 2], "data": b"\0" * 15})
