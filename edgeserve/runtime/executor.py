@@ -8,7 +8,8 @@ hears of it: under load the loop is busy with reads and answers, and the executo
 idle for a loop turn between batches. Batches are stacked here, off the loop: a copy of a few KB
 to MB would otherwise stall arrivals.
 
-A short batch (`inline`) runs on the loop's own thread instead, in a callback of its own: for a
+A short batch (`inline`) runs on the loop's own thread instead (`run_inline`: in a callback of its
+own, or at once where the Server decided it in the callback a request's arrival scheduled): for a
 tiny model the two hand-offs (a queue and a wake-up each way) cost more than the batch, and
 every Python step of a batch on the executor thread waits for the GIL the busy loop holds.
 
