@@ -620,10 +620,17 @@ class Server:
         )
 
     def _finish(self, task: Task, result: Result) -> None:
-        """Answer a task exactly once; later answers for it (e.g. after shutdown) are ignored."""
-        if self._book.answer(task):
-            _deliver(task.reply, result)
+        """Answer a task exactly once and count the answer."""
+        if self._answer(task, result):
             self._count(result)
+
+    def _answer(self, task: Task, result: Result) -> bool:
+        """Hand a task its answer unless it had one (later answers, e.g. after shutdown, are
+        ignored); whether this one went out."""
+        if not self._book.answer(task):
+            return False
+        _deliver(task.reply, result)
+        return True
 
     def _count(self, result: Result) -> None:
         """An answer's counters (after its delivery: no answer waits for them)."""
@@ -944,8 +951,7 @@ class Server:
                 else:
                     mine = {name: value[i] for name, value in zip(names, outputs.values(), strict=False)}
                     result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
-                if self._book.answer(task):
-                    _deliver(task.reply, result)
+                if self._answer(task, result):
                     answered.append(result)
         finally:
             self._answer_holders.release()
