@@ -427,6 +427,15 @@ class Frontend:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._all_closed.wait(), timeout)
             self._all_closed = None
+        unsent = sum(c.transport.get_write_buffer_size() for c in self.connections if c.transport is not None)
+        if unsent:
+            _log.warning(
+                "%d connection(s) had not taken their answers %.1f s after the close: %d bytes of "
+                "answers unsent (their peers stopped reading)",
+                len(self.connections),
+                timeout,
+                unsent,
+            )
 
     def lost(self, connection: Connection) -> None:
         self.connections.discard(connection)
