@@ -11,6 +11,7 @@ writes those answers, closes the connections and removes the UNIX socket file.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ from edgeserve.oip.frontend import OipFrontend
 from edgeserve.runtime import BackendFactory, Server, load_config
 
 # How long a stopping server waits for its connections to write the answers left in their buffers
-# (a client that does not read them loses them then; the stop stays within shutdown_timeout_s + 1 s).
+# (a client that does not read them loses them then): what is left of shutdown_timeout_s + 1 s
+# after the close, less CLOSE_MARGIN_S for the rest of the exit, within these bounds.
 CLOSE_TIMEOUT_S = 0.5
+CLOSE_MAX_S = 2.0
+CLOSE_MARGIN_S = 0.5
 
 _log = logging.getLogger(__name__)
 
@@ -115,6 +119,7 @@ class NetServer:
             self.frontend.configure(self.config)
 
     async def close(self) -> None:
+        started = time.monotonic()
         if self.listeners is not None:
             await self.listeners.close()
         self.frontend.stop_reading()  # under load too: what was read is answered, nothing new is read
@@ -123,7 +128,9 @@ class NetServer:
         await self.server.close()
         await self.frontend.drain(timeout=2.0)  # every accepted request is answered before connections close
         self.frontend.close_all()
-        await self.frontend.wait_closed(timeout=CLOSE_TIMEOUT_S)  # the answers buffered go out first
+        left = started + self.config.shutdown_timeout_s + 1.0 - CLOSE_MARGIN_S - time.monotonic()
+        # The answers buffered go out first, to a slow reader too while the stop's promise allows.
+        await self.frontend.wait_closed(timeout=min(max(CLOSE_TIMEOUT_S, left), CLOSE_MAX_S))
         if self.listeners is not None:
             await self.listeners.wait_closed()
         if self.oip is not None:  # after Server.close: every in-flight HTTP request has its answer
