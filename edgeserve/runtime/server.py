@@ -179,7 +179,6 @@ class Server:
         self._inline_ok = False  # the backend lets the loop run short batches itself (executor.py)
         self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
         self._kicked_at = 0.0
-        self._ran_here = False  # an inline batch runs in the callback that decided it (`_dispatch`)
         self._answer_lag = 0.0  # EWMA: a finished batch waits this long for the loop to answer it
         # The fronts that write the answers handed out together in one write per connection.
         self._answer_holders = AnswerHolders()
@@ -752,7 +751,7 @@ class Server:
                         answer.append((task, result))
                 if isinstance(decision, Dispatch):
                     inline = self._runs_inline(decision)
-                    job = self._take(decision, now, inline)
+                    job = self._take(decision, now, inline, hopped=inline and not here)
             self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
         for task, result in answer:
             self._finish(task, result)
@@ -771,11 +770,12 @@ class Server:
             and sum(map(len, self._queues)) <= decision.batch
         )
 
-    def _take(self, decision: Dispatch, now: float, inline: bool = False) -> Job:
+    def _take(self, decision: Dispatch, now: float, inline: bool = False, hopped: bool = False) -> Job:
         """Pop the decided batch and mark the executor busy (holding the lock); an `inline` batch's
-        callback says so, so that it frees the executor and answers before the next batch runs."""
+        callback says so, so that it frees the executor and answers before the next batch runs,
+        and whether the batch waits for a loop callback of its own (`hopped`, see `_dispatch`)."""
         self._start(now, decision.predicted_s, threaded=not inline)
-        return self._job(decision, now, inline)
+        return self._job(decision, now, inline, hopped)
 
     def _start(self, now: float, predicted_s: float, threaded: bool) -> None:
         self._busy, self._threaded = True, threaded
@@ -783,14 +783,14 @@ class Server:
         self._due = now + self._due_share * predicted_s
         self._decide_from = self._due - min(DECIDE_AHEAD_S, DECIDE_AHEAD_SHARE * predicted_s)
 
-    def _job(self, decision: Dispatch, now: float, inline: bool = False) -> Job:
+    def _job(self, decision: Dispatch, now: float, inline: bool = False, hopped: bool = False) -> Job:
         tasks = self._book.pop(decision.model, decision.batch, now)
         m = decision.model
         return (
             self._names[m],
             decision.exit,
             [t.x for t in tasks],
-            functools.partial(self._batch_done, m, decision.exit, tasks, inline),
+            functools.partial(self._batch_done, m, decision.exit, tasks, inline, hopped),
         )
 
     def _follow(self) -> Job | None:
@@ -909,11 +909,7 @@ class Server:
         assert self._executor is not None and self._loop is not None
         name, exit, samples, done = job
         if inline and here:
-            self._ran_here = True
-            try:
-                self._executor.run_inline(name, exit, samples, done)
-            finally:
-                self._ran_here = False
+            self._executor.run_inline(name, exit, samples, done)
             return
         try:
             self._executor.submit(name, exit, samples, done, follow=self._follow, inline=inline)
@@ -922,7 +918,9 @@ class Server:
                 self._busy = False
             self._loop.call_soon(done, BatchRun(None, exc, math.nan, time.monotonic()))
 
-    def _batch_done(self, m: int, exit: int, tasks: list[Task], inline: bool, run: BatchRun) -> None:
+    def _batch_done(
+        self, m: int, exit: int, tasks: list[Task], inline: bool, hopped: bool, run: BatchRun
+    ) -> None:
         """A batch ended (the executor thread may already run the next one, see `_follow`): decide
         if it did not, write these answers (the queues do not hold them any more), then do the
         batch's bookkeeping, which no answer waits for. After an inline batch the answers go first
@@ -930,7 +928,6 @@ class Server:
         lag = time.monotonic() - run.end  # how long the batch waited for the loop
         if lag == lag:  # not nan
             self._answer_lag += LAG_WEIGHT * (lag - self._answer_lag)
-        hopped = inline and not self._ran_here  # it waited for a loop callback
         if inline:
             with self._lock:
                 self._busy = False
