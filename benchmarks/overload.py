@@ -13,10 +13,11 @@ rejected/s (`max_in_flight` or a full queue), expired/s, late/s (`ok` past the d
 answer `--grace` s after the last send), P50/P95/P99 of `ok` answers, the server's own mean latency
 of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, the executor's
 busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it waited for the GIL
-or a core), idle-gap and decision P50/P99 (n/a without those histograms), client CPU while
-sending and server CPU (100% = one core); every rate also as a multiple of the capacity. Last,
-fairness: one connection floods at 10x (`--flood`; `--floods N` shares it among N) while another,
-from a second process, sends at 0.1x.
+or a core), the seconds per second the executor's and the loop's threads were ready to run but
+had no CPU (`exwait`, `lpwait`: Linux schedstat), idle-gap and decision P50/P99 (n/a without
+those histograms), client CPU while sending and server CPU (100% = one core); every rate also as
+a multiple of the capacity. Last, fairness: one connection floods at 10x (`--flood`; `--floods N`
+shares it among N) while another, from a second process, sends at 0.1x.
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
@@ -83,6 +84,7 @@ SCRAPED = {  # summed over models
     "edgeserve_batches_decided_ahead_total": "ahead",
     "edgeserve_compute_duration_seconds_sum": "compute_s",
 }
+THREAD_WAITS = {"executor": "executor_wait", "loop": "loop_wait"}  # edgeserve_thread_cpu_wait_seconds_total
 
 # -- the load generator (its own process) ----------------------------------------------------------
 
@@ -285,8 +287,11 @@ def scrape(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=15) as response:
         text = response.read().decode()
     out: dict[str, Any] = {name: 0.0 for name in SCRAPED.values()} | {h: {} for h in HISTOGRAMS.values()}
+    out |= {key: math.nan for key in THREAD_WAITS.values()}  # (not on every OS)
     for name, labels, value in read_exposition(text):
-        if name in SCRAPED:
+        if name == "edgeserve_thread_cpu_wait_seconds_total" and labels.get("thread") in THREAD_WAITS:
+            out[THREAD_WAITS[labels["thread"]]] = value
+        elif name in SCRAPED:
             out[SCRAPED[name]] += value
         elif name in HISTOGRAMS:
             out[HISTOGRAMS[name]][float(labels["le"])] = value
@@ -343,6 +348,8 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         # the executor thread's CPU time within its batches, per busy second: the rest it waited
         # (for the GIL as the backend's run returned, or for a core)
         "on_cpu": (after["busy_cpu"] - before["busy_cpu"]) / max(after["busy"] - before["busy"], 1e-9),
+        # per second, how long the executor's and the loop's threads were ready but had no CPU
+        **{key: (after[key] - before[key]) / window for key in THREAD_WAITS.values()},
         "server_ok_ms": 1e3 * (after["ok_s"] - before["ok_s"]) / max(after["ok_n"] - before["ok_n"], 1),
         # what the executor did per batch: its mean size (ok answers per batch) and compute time
         "batch_mean": (after["ok_n"] - before["ok_n"]) / batches,
@@ -390,7 +397,8 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "x|in_deadline_x|>5.2f rej/s|rejected_per_s|>7.0f x|rejected_x|>5.2f exp/s|expired_per_s|>6.0f "
     "x|expired_x|>5.2f late/s|late_per_s|>6.0f x|late_x|>5.2f lost|lost|>5 p50ms|p50_ms|>6.2f "
     "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f batch|batch_mean|>5.1f "
-    "batchus|batch_us|>7.0f ahead|ahead|>5.0% busy|busy|>5.3f oncpu|on_cpu|>5.2f gap50us|gap_p50_us|>7.0f "
+    "batchus|batch_us|>7.0f ahead|ahead|>5.0% busy|busy|>5.3f oncpu|on_cpu|>5.2f "
+    "exwait|executor_wait|>6.2f lpwait|loop_wait|>6.2f gap50us|gap_p50_us|>7.0f "
     "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]

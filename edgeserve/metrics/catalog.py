@@ -370,14 +370,28 @@ def _process(sample: ProcessSample) -> list[Family]:
     return [Family(name, kind, text).add(value) for name, kind, text, value in rows if value is not None]
 
 
+def _thread_waits(waits: Mapping[str, float]) -> Family:
+    family = Family(
+        "edgeserve_thread_cpu_wait_seconds_total",
+        "counter",
+        "Time the server's thread was ready to run but waited for a CPU (Linux schedstat): the"
+        " executor's is backend time lost to other threads and processes on its cores",
+    )
+    for thread, seconds in sorted(waits.items()):
+        family.add(seconds, thread=thread)
+    return family
+
+
 def collect(
     snapshot: Mapping[str, Any],
     *,
     models: Sequence[str] = (),
     frontends: Mapping[str, FrontendCounters] | None = None,
     process: ProcessSample | None = None,
+    thread_waits: Mapping[str, float] | None = None,
 ) -> list[Family]:
-    """Every family from one Server.snapshot() (plus frontends and process, when given)."""
+    """Every family from one Server.snapshot() (plus frontends, process and the threads' CPU
+    waits, when given)."""
     names = _model_names(snapshot, models)
     families = [
         *_triton(snapshot, names),
@@ -389,6 +403,8 @@ def collect(
         families += _upstreams(snapshot["upstreams"])
     if process is not None:
         families += _process(process)
+    if thread_waits:
+        families.append(_thread_waits(thread_waits))
     return families
 
 
@@ -398,6 +414,10 @@ def render_metrics(
     models: Sequence[str] = (),
     frontends: Mapping[str, FrontendCounters] | None = None,
     process: ProcessSample | None = None,
+    thread_waits: Mapping[str, float] | None = None,
 ) -> str:
     """The exposition text (format 0.0.4) for one scrape."""
-    return render(collect(snapshot, models=models, frontends=frontends, process=process))
+    families = collect(
+        snapshot, models=models, frontends=frontends, process=process, thread_waits=thread_waits
+    )
+    return render(families)

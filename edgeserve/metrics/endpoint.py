@@ -68,11 +68,14 @@ class MetricsEndpoint:
 
     def render(self) -> str:
         """The exposition text now (call on the server's loop)."""
+        snapshot = self.server.snapshot()
+        waits = {name: process.thread_cpu_wait_s(tid) for name, tid in snapshot.get("threads", {}).items()}
         return render_metrics(
-            self.server.snapshot(),
+            snapshot,
             models=self.server.models,
             frontends=self.frontends,
             process=process.sample(),
+            thread_waits={name: s for name, s in waits.items() if s is not None},
         )
 
     async def _scrape(self, request: web.Request) -> web.Response:

@@ -36,6 +36,16 @@ def rss_bytes(pid: int | str = "self") -> int | None:
         return None
 
 
+def thread_cpu_wait_s(thread_id: int) -> float | None:
+    """How long a thread of this process has been ready to run but waiting for a CPU (the second
+    field of its schedstat, ns), or None where the kernel does not keep it. On a box with fewer
+    free cores than busy threads, this is the time the executor lost to the others."""
+    try:
+        return int(Path(f"/proc/self/task/{thread_id}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _boot_time() -> float | None:
     try:
         for line in Path("/proc/stat").read_text().splitlines():

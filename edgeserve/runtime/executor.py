@@ -102,6 +102,7 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeserve-executor")
         self._make_backend = make_backend
         self._backend: Backend | None = None
+        self.thread_id: int | None = None  # the worker's native thread id (its /proc/self/task entry)
         # Finished batches' callbacks, appended by the executor thread, run on the loop's
         # (deque appends and pops are atomic: no lock).
         self._completed: collections.deque[tuple[Callable[[BatchRun], object], BatchRun]] = (
@@ -127,6 +128,7 @@ class Executor:
 
     async def open(self) -> Backend:
         """Create the backend on the executor thread; load models with `load`."""
+        self.thread_id = await self.call(threading.get_native_id)
         self._backend = await self.call(self._make_backend)
         return self._backend
 

@@ -176,6 +176,7 @@ class Server:
         # The batch after the running one, decided by the loop as that was due to end, and its
         # predicted duration: `_follow` starts it (`_decide_ahead`).
         self._ahead: tuple[Job, float] | None = None
+        self._loop_thread_id: int | None = None
         self._inline_ok = False  # the backend lets the loop run short batches itself (executor.py)
         self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
         self._kicked_at = 0.0
@@ -199,6 +200,7 @@ class Server:
         if self._loop is not None or self._closed:
             raise RuntimeError("a Server starts once; create a new one to serve again")
         self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_native_id()
         self._idle = asyncio.Event()
         self._idle.set()
         config = self.config
@@ -344,6 +346,10 @@ class Server:
         snapshot = self.counters.snapshot()
         snapshot["upstreams"] = {} if self._offload is None else self._offload.snapshot(time.monotonic())
         snapshot["latency_cells"] = [] if self._calibration is None else self._calibration.cells()
+        # native thread ids, for the metrics endpoint's per-thread CPU-wait counters
+        threads = {"loop": self._loop_thread_id}
+        threads["executor"] = None if self._executor is None else self._executor.thread_id
+        snapshot["threads"] = {name: tid for name, tid in threads.items() if tid is not None}
         return snapshot
 
     async def infer(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -166,6 +167,9 @@ def test_an_embedder_runs_the_endpoint_next_to_its_own_server(served) -> None:
     assert value(samples, "nv_inference_request_success", model="tiny_b", version="1") == 5
     assert value(samples, "nv_inference_request_success", model="tiny_a", version="1") == 0
     assert "edgeserve_frontend" not in text  # no frontend given
+    if sys.platform.startswith("linux"):  # the kernel's per-thread schedstat
+        for thread in ("executor", "loop"):
+            assert value(samples, "edgeserve_thread_cpu_wait_seconds_total", thread=thread) >= 0
 
 
 def test_a_busy_metrics_port_fails_the_start_naming_the_key(served) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +90,35 @@ def test_process_sample_reads_this_process_from_proc() -> None:
     assert process_metrics.rss_bytes(2**22 + 12345) is None  # no such process
 
 
+def test_a_thread_that_waits_for_a_cpu_has_its_wait_counted() -> None:
+    """Two threads hashing (the GIL released) on one core: each waits while the other runs."""
+    me = threading.get_native_id()
+    if not hasattr(os, "sched_setaffinity") or process_metrics.thread_cpu_wait_s(me) is None:
+        pytest.skip("no per-thread schedstat here")
+    assert process_metrics.thread_cpu_wait_s(2**22 + 12345) is None  # no such thread
+    core, data, waited = min(os.sched_getaffinity(0)), b"x" * (8 << 20), []
+    together = threading.Barrier(2)
+
+    def hash_on_one_core() -> None:
+        os.sched_setaffinity(0, {core})
+        tid = threading.get_native_id()
+        together.wait()
+        before = process_metrics.thread_cpu_wait_s(tid)
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            hashlib.sha256(data).digest()  # releases the GIL: both threads want the core
+        after = process_metrics.thread_cpu_wait_s(tid)
+        assert before is not None and after is not None
+        waited.append(after - before)
+
+    threads = [threading.Thread(target=hash_on_one_core) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(waited) == 2 and sum(waited) > 0.1, waited  # ~0.3 s of 0.6 s of wanting one core
+
+
 def _documented_names() -> set[str]:
     rows = re.findall(r"^\| `([a-z_:]+)` \| (counter|gauge|histogram) \|", DOCS.read_text(), re.MULTILINE)
     return {name for name, _ in rows}
@@ -110,7 +143,11 @@ def test_every_documented_metric_is_exported_and_every_exported_one_is_documente
     stats = FrontendStats(connections=1, requests=3, by_status={"ok": 3})
 
     text = render_metrics(
-        snapshot, models=["tiny_a", "tiny_b"], frontends={"socket": stats}, process=process_metrics.sample()
+        snapshot,
+        models=["tiny_a", "tiny_b"],
+        frontends={"socket": stats},
+        process=process_metrics.sample(),
+        thread_waits={"executor": 0.25, "loop": 0.5},
     )
     families = {f.name: f for f in text_string_to_metric_families(text)}
     exported = {re.search(r"^# TYPE (\S+)", line).group(1) for line in text.splitlines() if "# TYPE" in line}
@@ -123,6 +160,8 @@ def test_every_documented_metric_is_exported_and_every_exported_one_is_documente
     assert value(samples, "edgeserve_upstream_state", upstream="edge-2", state="open") == 0
     assert value(samples, "edgeserve_requests_total", model="tiny_a", status="ok") == 3
     assert value(samples, "edgeserve_requests_total", model="tiny_b", status="ok") == 0
+    assert value(samples, "edgeserve_thread_cpu_wait_seconds_total", thread="loop") == 0.5
+    assert set(snapshot["threads"]) == {"executor", "loop"}  # their native ids, for the endpoint
 
 
 def test_without_upstreams_no_upstream_series_are_exported() -> None:
