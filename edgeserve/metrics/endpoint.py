@@ -69,13 +69,14 @@ class MetricsEndpoint:
     def render(self) -> str:
         """The exposition text now (call on the server's loop)."""
         snapshot = self.server.snapshot()
-        waits = {name: process.thread_cpu_wait_s(tid) for name, tid in snapshot.get("threads", {}).items()}
+        threads = snapshot.get("threads", {}).items()
+        waits = {name: s for name, tid in threads if (s := process.thread_cpu_wait_s(tid)) is not None}
         return render_metrics(
             snapshot,
             models=self.server.models,
             frontends=self.frontends,
             process=process.sample(),
-            thread_waits={name: s for name, s in waits.items() if s is not None},
+            thread_waits=waits,
         )
 
     async def _scrape(self, request: web.Request) -> web.Response:

@@ -347,8 +347,8 @@ class Server:
         snapshot["upstreams"] = {} if self._offload is None else self._offload.snapshot(time.monotonic())
         snapshot["latency_cells"] = [] if self._calibration is None else self._calibration.cells()
         # native thread ids, for the metrics endpoint's per-thread CPU-wait counters
-        threads = {"loop": self._loop_thread_id}
-        threads["executor"] = None if self._executor is None else self._executor.thread_id
+        executor_id = None if self._executor is None else self._executor.thread_id
+        threads = {"loop": self._loop_thread_id, "executor": executor_id}
         snapshot["threads"] = {name: tid for name, tid in threads.items() if tid is not None}
         return snapshot
 
