@@ -15,7 +15,8 @@ of `ok` answers, the mean batch (`ok` answers per batch) and its compute time, t
 busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it waited for the GIL
 or a core), the seconds per second the executor's and the loop's threads were ready to run but
 had no CPU (`exwait`, `lpwait`: Linux schedstat), idle-gap and decision P50/P99 (n/a without
-those histograms), client CPU while sending and server CPU (100% = one core); every rate also as
+those histograms), client CPU while sending and server CPU (100% = one core), the share of the
+wall time the loop polled while idle (`poll%`, `[backend] idle_poll_us`); every rate also as
 a multiple of the capacity. Last, fairness: one connection floods at 10x (`--flood`; `--floods N`
 shares it among N) while another, from a second process, sends at 0.1x.
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
@@ -83,6 +84,7 @@ SCRAPED = {  # summed over models
     "edgeserve_batches_total": "batches",
     "edgeserve_batches_decided_ahead_total": "ahead",
     "edgeserve_compute_duration_seconds_sum": "compute_s",
+    "edgeserve_idle_poll_seconds_total": "idle_poll",
 }
 THREAD_WAITS = {"executor": "executor_wait", "loop": "loop_wait"}  # edgeserve_thread_cpu_wait_seconds_total
 
@@ -345,6 +347,7 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         "client_cpu": sum(s[2] for s in sent) / seconds,
         "server_cpu": (after["cpu"] + after["front_cpu"] - before["cpu"] - before["front_cpu"]) / window,
         "busy": (after["busy"] - before["busy"]) / window,
+        "poll": (after["idle_poll"] - before["idle_poll"]) / window,
         # the executor thread's CPU time within its batches, per busy second: the rest it waited
         # (for the GIL as the backend's run returned, or for a core)
         "on_cpu": (after["busy_cpu"] - before["busy_cpu"]) / max(after["busy"] - before["busy"], 1e-9),
@@ -399,7 +402,8 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "p95ms|p95_ms|>6.2f p99ms|p99_ms|>7.2f srvms|server_ok_ms|>5.2f batch|batch_mean|>5.1f "
     "batchus|batch_us|>7.0f ahead|ahead|>5.0% busy|busy|>5.3f oncpu|on_cpu|>5.2f "
     "exwait|executor_wait|>6.2f lpwait|loop_wait|>6.2f gap50us|gap_p50_us|>7.0f "
-    "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0%"
+    "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0% "
+    "poll%|poll|>5.1%"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]
 HEAD = " ".join(f"{h:{f.split('.')[0]}}" for h, _, f in COLUMNS)

@@ -178,7 +178,8 @@ async def main(args: argparse.Namespace) -> None:
     sock_dir = Path(tempfile.mkdtemp(prefix="edgeserve-bench-"))
     config = {
         "repository": str(args.repository),
-        "backend": {"name": "onnxruntime", "threads": args.threads, "warmup": 3},
+        "backend": {"name": "onnxruntime", "threads": args.threads, "warmup": 3}
+        | ({} if args.idle_poll_us is None else {"idle_poll_us": args.idle_poll_us}),
         "models": {args.model: {"slo_ms": 1000, "max_queue": 4096}},
         "listen": {
             "unix": str(sock_dir / "s.sock"),
@@ -255,10 +256,13 @@ async def main(args: argparse.Namespace) -> None:
             await measure_latencies(name, 50)
         lat: dict[str, list[float]] = {name: [] for name in names}
         rps: dict[str, list[float]] = {name: [] for name in names}
+        polled = dict.fromkeys(names, 0.0)  # the loop's idle polling during the sequential requests
         per_round = max(1, args.requests // args.rounds)
         for _ in range(args.rounds):
             for name in names:
+                before = server.snapshot().get("idle_poll_s", 0.0)
                 lat[name] += await measure_latencies(name, per_round)
+                polled[name] += server.snapshot().get("idle_poll_s", 0.0) - before
                 rps[name].append(await measure_throughput(name, args.seconds / args.rounds))
         if args.same_process:
             await unix.close()
@@ -301,6 +305,8 @@ async def main(args: argparse.Namespace) -> None:
             f"{throughput_of[name] / throughput_of['direct']:.2f}x direct{of_stack}; "
             f"p50 {float(np.percentile(lat[name], 50)) - alone50:.0f} us above the session alone"
         )
+    spent = ", ".join(f"{name} {1e6 * polled[name] / len(lat[name]):.0f}" for name in paths[1:])
+    print(f"the loop's idle polling per sequential request ([backend] idle_poll_us), us: {spent}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -316,6 +322,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=5.0, help="throughput time per path")
     parser.add_argument(
         "--same-process", action="store_true", help="clients on the server's own loop (the old setup)"
+    )
+    parser.add_argument(
+        "--idle-poll-us",
+        type=float,
+        help="[backend] idle_poll_us for the server (default: the config's default; 0: the loop sleeps)",
     )
     return parser.parse_args()
 

@@ -146,6 +146,10 @@ class BackendConfig:
     # the loop's thread (backends whose sessions any thread may run: ONNX Runtime); the rest on
     # the executor thread. 0: never.
     inline_max_ms: float = 1.0
+    # After a batch leaves the server idle, the event loop polls instead of sleeping for this long
+    # (while most idle periods are that short): the next request is read without a wake-up from a
+    # halted core (runtime/idle_poll.py). 0: sleep at once.
+    idle_poll_us: float = 200.0
     # ONNX Runtime: one session per exit, its stages composed into one graph (one call and one GIL
     # hand-off per batch; a copy of the weights per exit), or only per stage (chained); None
     # ("auto"): composed for models whose stage files total at most 64 MiB.
@@ -444,7 +448,17 @@ def _backend(data: Any) -> BackendConfig:
     data = table(data, "backend")
     no_unknown(
         data,
-        ("name", "threads", "providers", "warmup", "precision", "device", "inline_max_ms", "compose_exits"),
+        (
+            "name",
+            "threads",
+            "providers",
+            "warmup",
+            "precision",
+            "device",
+            "inline_max_ms",
+            "idle_poll_us",
+            "compose_exits",
+        ),
         "backend",
     )
     compose = data.get("compose_exits", "auto")
@@ -462,6 +476,7 @@ def _backend(data: Any) -> BackendConfig:
         precision=choice(data.get("precision", "fp32"), "backend.precision", PRECISIONS),
         device=None if data.get("device") is None else _device(data["device"]),
         inline_max_ms=non_negative_number(data.get("inline_max_ms", 1.0), "backend.inline_max_ms"),
+        idle_poll_us=non_negative_number(data.get("idle_poll_us", 200.0), "backend.idle_poll_us"),
         compose_exits=None if compose == "auto" else compose,
     )
 

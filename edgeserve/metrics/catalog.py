@@ -214,6 +214,13 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         "Batches decided while the batch before them still ran, and started as it ended",
     )
     ahead.add(int(snapshot.get("batches_ahead", 0)))
+    idle_poll = Family(
+        "edgeserve_idle_poll_seconds_total",
+        "counter",
+        "Time the event loop polled instead of sleeping after a batch left the server idle"
+        " ([backend] idle_poll_us)",
+    )
+    idle_poll.add(float(snapshot.get("idle_poll_s", 0.0)))
     return [
         requests,
         violations,
@@ -227,6 +234,7 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         utilisation,
         failures,
         ahead,
+        idle_poll,
         *_latency_cells(snapshot.get("latency_cells", ())),
     ]
 

@@ -37,6 +37,7 @@ from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
 from edgeserve.runtime.executor import BatchRun, Executor, Job, inline_safe
+from edgeserve.runtime.idle_poll import IdlePoll
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.tasks import Task, TaskBook
@@ -189,6 +190,7 @@ class Server:
         # (reentrant: a failing policy answers the queued requests while the loop holds it).
         self._lock = threading.RLock()
         self._calibration: LatencyCalibrator | None = None  # online latency calibration
+        self._idle_poll = IdlePoll(self.config.backend.idle_poll_us * 1e-6)  # see `_poll_idle`
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -346,6 +348,7 @@ class Server:
         snapshot = self.counters.snapshot()
         snapshot["upstreams"] = {} if self._offload is None else self._offload.snapshot(time.monotonic())
         snapshot["latency_cells"] = [] if self._calibration is None else self._calibration.cells()
+        snapshot["idle_poll_s"] = self._idle_poll.polled_s
         # native thread ids, for the metrics endpoint's per-thread CPU-wait counters
         executor_id = None if self._executor is None else self._executor.thread_id
         threads = {"loop": self._loop_thread_id, "executor": executor_id}
@@ -683,7 +686,8 @@ class Server:
             return
         assert self._loop is not None
         self._decide_pending = True
-        self._kicked_at = time.monotonic()
+        self._kicked_at = now = time.monotonic()
+        self._idle_poll.busy(now)
         self._loop.call_soon(self._decide_now)
 
     def _decide_now(self) -> None:
@@ -963,6 +967,18 @@ class Server:
         self._account(m, exit, tasks, hopped, run)
         if inline:
             self._decide()
+        idle = not self._busy and not self._closed and not any(self._queues)
+        if idle and self._idle_poll.idle(time.monotonic()):
+            assert self._loop is not None
+            self._loop.call_soon(self._poll_idle)
+
+    def _poll_idle(self) -> None:
+        """One more loop turn that does not sleep, while the server stays idle (idle_poll.py): the
+        loop's epoll does not block while a callback is ready, so the next request is read without
+        a wake-up from a halted core. Reads, timers and other callbacks run in between as usual."""
+        if self._idle_poll.polling(time.monotonic()) and not self._closed:
+            assert self._loop is not None
+            self._loop.call_soon(self._poll_idle)
 
     def _account(self, m: int, exit: int, tasks: list[Task], hopped: bool, run: BatchRun) -> None:
         """A batch's counters, the loop's delay and the online latency calibration."""

@@ -139,6 +139,16 @@ def test_backend_inline_max_ms_defaults_to_one_and_takes_zero_but_not_negative()
         ServerConfig.from_dict({"models": models, "backend": {"inline_max_ms": -1}})
 
 
+def test_backend_idle_poll_us_defaults_to_200_and_takes_zero_but_not_negative_or_text() -> None:
+    models = {"m": {"slo_ms": 50}}
+    assert ServerConfig.from_dict({"models": models}).backend.idle_poll_us == 200.0
+    backend = ServerConfig.from_dict({"models": models, "backend": {"idle_poll_us": 0}}).backend
+    assert backend.idle_poll_us == 0
+    for bad in (-1, "fast"):
+        with pytest.raises(ConfigError, match=r"backend\.idle_poll_us"):
+            ServerConfig.from_dict({"models": models, "backend": {"idle_poll_us": bad}})
+
+
 def test_backend_compose_exits_is_auto_true_or_false() -> None:
     models = {"m": {"slo_ms": 50}}
 
