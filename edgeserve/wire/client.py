@@ -169,7 +169,8 @@ class _Connection(asyncio.Protocol):
                     body = bytes(view[pos + HEADER.size : end])
                 pos = end
                 self._on_message(decode_body(body, CLIENT_MAX_FRAME))
-        except (ProtocolError, KeyError, ValueError, TypeError) as exc:
+        except (ProtocolError, KeyError, ValueError, TypeError, AttributeError) as exc:  # (a field of the
+            # wrong type: `exit` or `outputs` not a map)
             self._fail(ConnectionError(f"unreadable answer from the server: {exc}"))
             return
         finally:
@@ -294,11 +295,14 @@ class AsyncClient:
         if message.get("type") == "error":  # the server closes next: say why
             self._refusal = ServerRefused(f"server closed the connection: {message.get('error')}")
             return
-        future = self._pending.pop(message.get("id", -1), None)
+        key = message.get("id", -1)
+        future = self._pending.get(key)
         if future is not None:
+            reply = Reply.from_message(message)  # a malformed answer raises while its call still
+            del self._pending[key]  # waits, so that data_received's _fail answers it with the error
             self._answered()
             if not future.done():
-                future.set_result(Reply.from_message(message))
+                future.set_result(reply)
 
     def _on_lost(self, error: BaseException) -> None:
         if self._closed_error is not None:
