@@ -184,43 +184,27 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
             exits.add(n, model=model, exit=exit_name)
         for where, n in snapshot.get("served", {}).get(model, {}).items():
             served.add(n, model=model, where=where)
-    busy = Family(
-        "edgeserve_executor_busy_seconds_total", "counter", "Time the executor spent running batches"
-    )
-    busy.add(float(snapshot.get("executor_busy_s", 0.0)))
-    busy_cpu = Family(
-        "edgeserve_executor_busy_cpu_seconds_total",
-        "counter",
-        "CPU time of the thread running the batches, within the busy seconds: the rest it did not"
-        " run (waiting for the GIL or a core; on a GPU also while the device computes)",
-    )
-    busy_cpu.add(float(snapshot.get("executor_busy_cpu_s", 0.0)))
     window = snapshot.get("utilisation_window_s", 10.0)
-    utilisation = Family(
-        "edgeserve_executor_utilization",
-        "gauge",
-        f"Share of the last {window:g} s the executor spent running batches (0-1)",
-    )
-    utilisation.add(float(snapshot.get("utilisation_recent", 0.0)))
-    failures = Family(
-        "edgeserve_scheduler_failures_total",
-        "counter",
-        "Decisions the configured policy raised on (the fallback policy decided instead)",
-    )
-    failures.add(int(snapshot.get("policy_failures", 0)))
-    ahead = Family(
-        "edgeserve_batches_decided_ahead_total",
-        "counter",
-        "Batches decided while the batch before them still ran, and started as it ended",
-    )
-    ahead.add(int(snapshot.get("batches_ahead", 0)))
-    idle_poll = Family(
-        "edgeserve_idle_poll_seconds_total",
-        "counter",
-        "Time the event loop polled instead of sleeping after a batch left the server idle"
-        " ([backend] idle_poll_us)",
-    )
-    idle_poll.add(float(snapshot.get("idle_poll_s", 0.0)))
+    single = (  # one unlabelled sample each: (name, type, help, snapshot key, its type)
+        ("edgeserve_executor_busy_seconds_total", "counter", "Time the executor spent running batches",
+         "executor_busy_s", float),
+        ("edgeserve_executor_busy_cpu_seconds_total", "counter",
+         "CPU time of the thread running the batches, within the busy seconds: the rest it did not"
+         " run (waiting for the GIL or a core; on a GPU also while the device computes)",
+         "executor_busy_cpu_s", float),
+        ("edgeserve_executor_utilization", "gauge",
+         f"Share of the last {window:g} s the executor spent running batches (0-1)",
+         "utilisation_recent", float),
+        ("edgeserve_scheduler_failures_total", "counter",
+         "Decisions the configured policy raised on (the fallback policy decided instead)",
+         "policy_failures", int),
+        ("edgeserve_batches_decided_ahead_total", "counter",
+         "Batches decided while the batch before them still ran, and started as it ended",
+         "batches_ahead", int),
+        ("edgeserve_idle_poll_seconds_total", "counter",
+         "Time the event loop polled instead of sleeping after a batch left the server idle"
+         " ([backend] idle_poll_us)", "idle_poll_s", float),
+    )  # fmt: skip
     return [
         requests,
         violations,
@@ -229,12 +213,7 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         depth,
         exits,
         served,
-        busy,
-        busy_cpu,
-        utilisation,
-        failures,
-        ahead,
-        idle_poll,
+        *(Family(name, kind, text).add(cast(snapshot.get(key, 0))) for name, kind, text, key, cast in single),
         *_latency_cells(snapshot.get("latency_cells", ())),
     ]
 

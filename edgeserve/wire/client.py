@@ -169,8 +169,8 @@ class _Connection(asyncio.Protocol):
                     body = bytes(view[pos + HEADER.size : end])
                 pos = end
                 self._on_message(decode_body(body, CLIENT_MAX_FRAME))
-        except (ProtocolError, KeyError, ValueError, TypeError, AttributeError) as exc:  # (a field of the
-            # wrong type: `exit` or `outputs` not a map)
+        # AttributeError: a field of the wrong type (`exit` or `outputs` not a map)
+        except (ProtocolError, KeyError, ValueError, TypeError, AttributeError) as exc:
             self._fail(ConnectionError(f"unreadable answer from the server: {exc}"))
             return
         finally:
