@@ -52,6 +52,7 @@ import numpy as np
 from edgeserve import __version__
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.manifest import Manifest, TensorSpec
+from edgeserve.net.answer_frames import AnswerFrames
 from edgeserve.net.flood_tally import FloodTally
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Status
@@ -287,6 +288,7 @@ class Frontend:
         self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
         self._refusals: dict[tuple[object, ...], RefusalFrame] = {}
         self.window_refusals: dict[tuple[str, int | None], RefusalFrame] = {}  # by model, priority
+        self.answer_frames = AnswerFrames()  # `ok` answers from cached pieces
         # While the server hands out a batch's answers (holding > 0), connections keep theirs and
         # write them all at the release, one write each (Server.answers_together).
         self.holding = 0
@@ -1142,10 +1144,14 @@ class Connection(asyncio.Protocol):
             return
         if status in CACHED_REFUSALS and result.end == result.queued:
             self._write(self.frontend.refusal(result, priority).frame(request_id))
-        elif self._reading:
-            self._write(encode_frame(result_message(request_id, result, priority)))
+            return
+        frame = self.frontend.answer_frames.frame(request_id, result, priority)
+        if frame is None:
+            frame = encode_frame(result_message(request_id, result, priority))
+        if self._reading:
+            self._write(frame)
         else:
-            self._write_now(encode_frame(result_message(request_id, result, priority)))
+            self._write_now(frame)
 
     def _write_now(self, frame: bytes) -> None:
         """A finished batch's answer leaves at once, with what is queued before it: at the end of

@@ -652,6 +652,24 @@ class Server:
             self.counters.observe_ok(model, result.queued, result.start, result.end)
             self.counters.served[(model, result.served_by)] += 1
 
+    def _count_batch(self, answered: list[Result]) -> None:
+        """`_count` for the answers of one batch, which share their status, model, exit and
+        times: each counter once per batch, not once per answer (the same counts)."""
+        if not answered or answered[0].status is not Status.OK:
+            for result in answered:
+                self._count(result)
+            return
+        first, counters, n = answered[0], self.counters, len(answered)
+        model, end = first.model, first.end
+        counters.requests[(model, Status.OK.value)] += n
+        late = sum(end > result.deadline for result in answered)
+        if late:
+            counters.violations[model] += late
+        if first.exit_name is not None:
+            counters.exit_mix[(model, first.exit_name)] += n
+        counters.observe_ok_batch(model, [result.queued for result in answered], first.start, end)
+        counters.served[(model, first.served_by)] += n
+
     def _on_cancel(self, task: Task) -> None:
         """A caller gave up: drop its task if still queued; a running batch completes regardless."""
         self.counters.cancelled[self._names[task.model]] += 1
@@ -962,8 +980,7 @@ class Server:
                     answered.append(result)
         finally:
             self._answer_holders.release()
-        for result in answered:
-            self._count(result)
+        self._count_batch(answered)
         self._account(m, exit, tasks, hopped, run)
         if inline:
             self._decide()
