@@ -106,4 +106,4 @@ def test_caches_stay_bounded() -> None:
         out = np.zeros(n % 700 + 1, np.float32)  # an output shape that varies, as a detector's may
         result = Result(Status.OK, "m", out, 0, "e", None, 1, 0.0, 0.0, 0.1, 0.2, 1.0, outputs={"y": out})
         assert frames.frame(n, result, None) == general(n, result, None)
-    assert len(frames._tensors) <= answer_frames.CACHE_LIMIT
+    assert len(frames._layouts) <= answer_frames.CACHE_LIMIT
