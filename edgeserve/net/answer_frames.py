@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import msgpack
 import numpy as np
 
-from edgeserve.runtime.results import Result, Status
+from edgeserve.runtime import Result, Status
 from edgeserve.wire.frames import HEADER
 from edgeserve.wire.tensors import DTYPES
 
