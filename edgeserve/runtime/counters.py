@@ -205,13 +205,7 @@ class Counters:
 
     def observe_ok(self, model: str, queued: float, start: float, end: float) -> None:
         """An `ok` answer's request, queue and compute durations (time.monotonic() seconds)."""
-        if model not in self.request_duration:
-            self.request_duration[model] = Histogram()
-            self.queue_duration[model] = Histogram()
-        self.request_duration[model].observe(end - queued)
-        if not math.isnan(start):  # an answer from elsewhere (offload) has no local start
-            self.queue_duration[model].observe(start - queued)
-            self.compute_request_s[model] += end - start
+        self.observe_ok_batch(model, (queued,), start, end)
 
     def observe_ok_batch(self, model: str, queued: Sequence[float], start: float, end: float) -> None:
         """`observe_ok` for the answers of one batch (one start and end): the same histograms and
@@ -220,7 +214,7 @@ class Counters:
             self.request_duration[model] = Histogram()
             self.queue_duration[model] = Histogram()
         self.request_duration[model].observe_many([end - q for q in queued])
-        if not math.isnan(start):
+        if not math.isnan(start):  # an answer from elsewhere (offload) has no local start
             self.queue_duration[model].observe_many([start - q for q in queued])
             compute, each = self.compute_request_s[model], end - start
             for _ in queued:  # one addition per answer, as observe_ok adds them
