@@ -26,14 +26,12 @@ import numpy as np
 
 from edgeserve.runtime import Result, Status
 from edgeserve.wire.frames import HEADER
-from edgeserve.wire.tensors import DTYPES
+from edgeserve.wire.tensors import WIRE_READY  # the dtypes whose bytes are already the wire's
 
 K = TypeVar("K")
 V = TypeVar("V")
 CACHE_LIMIT = 256  # entries per cache; past it a cache starts again
 MAX_OUTPUTS = 15  # a fixmap: more outputs take the general encoder
-# The dtypes whose bytes are already the wire's, and their names (as wire/tensors.encode_tensor).
-_WIRE_READY = {np.dtype(n): n for n in DTYPES if np.dtype(n).newbyteorder("<") == np.dtype(n)}
 _FLOAT = struct.Struct(">Bd").pack  # a msgpack float 64: what msgpack writes for a Python float
 _NIL = b"\xc0"
 # The result map's 12 fields in result_message's order; "type" and the key "id" come first.
@@ -78,7 +76,7 @@ class AnswerFrames:
                 return None
             layout = self._layouts.get((name, value.dtype, value.shape))
             if layout is None:
-                if value.dtype not in _WIRE_READY:
+                if value.dtype not in WIRE_READY:
                     return None
                 layout = self._layout(name, value.dtype, value.shape)
             data = value.tobytes()
@@ -131,7 +129,7 @@ class AnswerFrames:
         """An output's name and its tensor map up to its data (dtype, shape, the key "data" and
         the bin header), packed; and the same without the name (the field "output")."""
         size = dtype.itemsize * math.prod(shape)
-        tensor = self._pack({"dtype": _WIRE_READY[dtype], "shape": list(shape), "data": b""})
+        tensor = self._pack({"dtype": WIRE_READY[dtype], "shape": list(shape), "data": b""})
         bare = tensor[:-2] + _bin_header(size)  # the empty bin (c4 00) replaced by the data's header
         return _put(self._layouts, (name, dtype, shape), (self._pack(name) + bare, bare))
 

@@ -26,13 +26,13 @@ class TensorError(ValueError):
 
 
 # The sendable dtypes whose bytes are already the wire's (little-endian, or one byte wide).
-_WIRE_READY = {np.dtype(n): n for n in DTYPES if np.dtype(n).newbyteorder("<") == np.dtype(n)}
+WIRE_READY = {np.dtype(n): n for n in DTYPES if np.dtype(n).newbyteorder("<") == np.dtype(n)}
 
 
 def encode_tensor(array: np.ndarray) -> dict[str, Any]:
     """The wire form of `array` (copied to C order, little-endian). A C-ordered array whose bytes
     are the wire's (the usual case: a camera frame, a model's output row) skips the conversion."""
-    name = _WIRE_READY.get(array.dtype)
+    name = WIRE_READY.get(array.dtype)
     if name is not None and array.flags.c_contiguous:
         return {"dtype": name, "shape": list(array.shape), "data": array.tobytes()}
     if array.dtype.name not in DTYPES:
