@@ -1,8 +1,9 @@
 """Only the optional compiled parts live here; everything else is in setup.cfg.
 
 edgeserve.scheduler._quick is the default policy's usual decision in C, edgeserve.wire._shapes the
-refusal of a flood's frames by shape (see their headers). Both are optional: where no C compiler is
-found the install goes on and Python (numpy) does the same.
+refusal of a flood's frames by shape, edgeserve.runtime._nap the event loop's wait for the executor
+thread's next batch (see their headers). All are optional: where no C compiler is found the install
+goes on and Python (numpy, a lock) does the same.
 _quick is built with -ffp-contract=off: no fused multiply-adds, so its arithmetic rounds exactly
 as Python's does.
 """
@@ -15,6 +16,12 @@ setup(
             "edgeserve.scheduler._quick",
             ["edgeserve/scheduler/_quick.c"],
             extra_compile_args=["-O2", "-ffp-contract=off"],
+            optional=True,
+        ),
+        Extension(
+            "edgeserve.runtime._nap",
+            ["edgeserve/runtime/_nap.c"],
+            extra_compile_args=["-O2"],
             optional=True,
         ),
         Extension(
