@@ -642,19 +642,16 @@ class Server:
 
     def _count(self, result: Result) -> None:
         """An answer's counters (after its delivery: no answer waits for them)."""
-        model = result.model
-        self.counters.requests[(model, result.status.value)] += 1
-        if result.status is Status.EXPIRED or (result.status is Status.OK and result.late):
-            self.counters.violations[model] += 1
-        if result.status is Status.OK and result.exit_name is not None:
-            self.counters.exit_mix[(model, result.exit_name)] += 1
         if result.status is Status.OK:
-            self.counters.observe_ok(model, result.queued, result.start, result.end)
-            self.counters.served[(model, result.served_by)] += 1
+            self._count_batch([result])
+            return
+        self.counters.requests[(result.model, result.status.value)] += 1
+        if result.status is Status.EXPIRED:
+            self.counters.violations[result.model] += 1
 
     def _count_batch(self, answered: list[Result]) -> None:
         """`_count` for the answers of one batch, which share their status, model, exit and
-        times: each counter once per batch, not once per answer (the same counts)."""
+        times: each `ok` counter once per batch, not once per answer (the same counts)."""
         if not answered or answered[0].status is not Status.OK:
             for result in answered:
                 self._count(result)
