@@ -39,6 +39,17 @@ _HEAD = b"\x8c\xa4type\xa6result\xa2id"
 _ERROR_NIL = b"\xa5error\xc0"
 
 
+def timing_ms(seconds: float) -> float | None:
+    """An answer's timing in ms, rounded to 4 places; None when unknown (nan)."""
+    ms = seconds * 1000.0
+    return None if ms != ms else round(ms, 4)
+
+
+def _ms(seconds: float) -> bytes:
+    ms = timing_ms(seconds)
+    return _NIL if ms is None else _FLOAT(0xCB, ms)
+
+
 def _bin_header(size: int) -> bytes:
     if size <= 0xFF:
         return b"\xc4" + size.to_bytes(1, "big")
@@ -109,13 +120,13 @@ class AnswerFrames:
                 (0x80 | len(outputs)).to_bytes(1, "big"),
                 *pieces,
                 exit,
-                b"\xc3" if end > result.deadline else b"\xc2",
+                b"\xc3" if result.late else b"\xc2",
                 served,
-                _NIL if (ms := (start - queued) * 1000.0) != ms else _FLOAT(0xCB, round(ms, 4)),
+                _ms(start - queued),
                 b"\xaaservice_ms",
-                _NIL if (ms := (end - start) * 1000.0) != ms else _FLOAT(0xCB, round(ms, 4)),
+                _ms(end - start),
                 b"\xa8total_ms",
-                _NIL if (ms := (end - queued) * 1000.0) != ms else _FLOAT(0xCB, round(ms, 4)),
+                _ms(end - queued),
                 b"\xaabatch_size",
                 pack(result.batch_size),
                 b"\xa8priority",

@@ -52,7 +52,7 @@ import numpy as np
 from edgeserve import __version__
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.manifest import Manifest, TensorSpec
-from edgeserve.net.answer_frames import AnswerFrames
+from edgeserve.net.answer_frames import AnswerFrames, timing_ms
 from edgeserve.net.flood_tally import FloodTally
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.runtime import FrontendStats, Result, Status
@@ -128,10 +128,6 @@ def _describe(exc: BaseException) -> str:
     return cut(f"{type(exc).__name__}: {text}")
 
 
-def _ms(value: float) -> float | None:
-    return None if value != value else round(value, 4)  # nan -> None (msgpack has no nan-free float)
-
-
 def output_field(output: object) -> dict[str, Any] | None:
     """The wire form of an output (None stays None)."""
     return None if output is None else encode_tensor(np.asarray(output))
@@ -166,9 +162,9 @@ def result_message(request_id: int, result: Result, priority: int | None) -> dic
         "late": status is Status.OK and end > result.deadline,
         "served_by": result.served_by,
         "timings": {
-            "queue_ms": _ms((start - queued) * 1000.0),
-            "service_ms": _ms((end - start) * 1000.0),
-            "total_ms": _ms((end - queued) * 1000.0),
+            "queue_ms": timing_ms(start - queued),
+            "service_ms": timing_ms(end - start),
+            "total_ms": timing_ms(end - queued),
             "batch_size": result.batch_size,
         },
         "priority": priority,

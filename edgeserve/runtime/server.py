@@ -659,7 +659,7 @@ class Server:
         first, counters, n = answered[0], self.counters, len(answered)
         model, end = first.model, first.end
         counters.requests[(model, Status.OK.value)] += n
-        late = sum(end > result.deadline for result in answered)
+        late = sum(result.late for result in answered)
         if late:
             counters.violations[model] += late
         if first.exit_name is not None:
