@@ -3,7 +3,9 @@
 Starts `edgeserve serve` (the digits models of `make demo` at 3:2:1, ONNX Runtime on one thread, a
 UNIX socket, a TCP port, /metrics) and drives it from a separate load-generator process (spawn,
 uvloop, raw sockets; frames encoded once per model, all requests due at a wake-up in one write;
-in the open loop, replies stamped as they arrive and decoded once the level's sending is over).
+in the open loop, replies stamped as they arrive and decoded once the level's sending is over, or
+with `--decode live` decoded as they arrive, as most clients do, which costs the client about
+twice the CPU on the cores it shares with the server).
 A closed loop (`--window` in flight per connection, `--capacity-seconds`) measures the capacity in
 `ok`/s; then open-loop Poisson load at each of `--levels` times it for `--seconds`, over
 `--connections` (half UNIX, half TCP), sent on schedule whatever the answers. Each request carries
@@ -28,6 +30,7 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --levels 1 10 --deadline-ms 20 --json out/overload.json
     .venv/bin/python benchmarks/overload.py --late-tasks expire --capacity 12000   # fixed offered rates
     .venv/bin/python benchmarks/overload.py --connections 16 --no-fairness         # many clients
+    .venv/bin/python benchmarks/overload.py --decode live --no-fairness            # a decoding client
     .venv/bin/python benchmarks/overload.py --split 0.7,0.1,0.1,0.1 --flood 3      # uneven clients
     edgeserve-profile --backend torch --device cuda --threads 1                    # a GPU box, then:
     .venv/bin/python benchmarks/overload.py --backend torch --device cuda
@@ -173,10 +176,11 @@ class Conn(asyncio.Protocol):
         self.sent_at.extend([now] * len(models))
         self.model.extend(models)
 
-    async def open_loop(self, t0: float, times: list[float], models: list[int]) -> None:
-        """Send each request at its scheduled time; those due at one wake-up go in one write."""
+    async def open_loop(self, t0: float, times: list[float], models: list[int], live: bool) -> None:
+        """Send each request at its scheduled time; those due at one wake-up go in one write.
+        `live`: decode the replies as they come instead of after the last send."""
         i, n, csum = 0, len(times), np.concatenate([[0.0], np.cumsum(times)])
-        self.deferred = []
+        self.deferred = None if live else []
         while i < n:
             now = time.monotonic()
             j = bisect.bisect_right(times, now - t0, i)
@@ -252,7 +256,7 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
     cpu0, t0 = time.process_time(), time.monotonic()
     await asyncio.gather(
         *(
-            c.closed_loop(window, seconds) if window else c.open_loop(t0, times, models)
+            c.closed_loop(window, seconds) if window else c.open_loop(t0, times, models, spec["live"])
             for (c, _), (times, models, window) in zip(opened, plans, strict=True)
         )
     )
@@ -500,6 +504,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda text: [float(x) for x in text.split(",")],
         help="each connection's share of a level's load, e.g. 0.7,0.1,0.1,0.1 (default: even)",
     )
+    parser.add_argument(
+        "--decode",
+        choices=("after", "live"),
+        default="after",
+        help="open loop: decode the replies after the level's last send (default), or as they come",
+    )
     parser.add_argument("--no-fairness", action="store_true", help="skip the flood-vs-polite case")
     parser.add_argument(
         "--flood", type=float, default=10.0, help="fairness: the flood's rate, x capacity (default 10)"
@@ -670,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     write_config(config, args, slos, sock, [tcp, metrics_port], "all")
     ratios = default_ratios(len(models))
     base: dict[str, Any] = {"models": models, "weights": [r / sum(ratios) for r in ratios]}
+    base["live"] = args.decode == "live"
     base["deadlines_ms"] = [args.deadline_ms or slos[m] for m in models]
     base["targets"] = [f"unix://{sock}", f"tcp://127.0.0.1:{tcp}"] * (args.connections // 2)
     base["targets"] += [f"unix://{sock}"] * (args.connections % 2)
