@@ -642,21 +642,19 @@ class Server:
 
     def _count(self, result: Result) -> None:
         """An answer's counters (after its delivery: no answer waits for them)."""
-        if result.status is Status.OK:
-            self._count_batch([result])
-            return
-        self.counters.requests[(result.model, result.status.value)] += 1
-        if result.status is Status.EXPIRED:
-            self.counters.violations[result.model] += 1
+        self._count_batch([result])
 
     def _count_batch(self, answered: list[Result]) -> None:
-        """`_count` for the answers of one batch, which share their status, model, exit and
-        times: each `ok` counter once per batch, not once per answer (the same counts)."""
+        """The counters of answers that share their status, model, exit and times (one answer, or
+        a batch's): each `ok` counter once per batch, not once per answer (the same counts)."""
+        counters = self.counters
         if not answered or answered[0].status is not Status.OK:
             for result in answered:
-                self._count(result)
+                counters.requests[(result.model, result.status.value)] += 1
+                if result.status is Status.EXPIRED:
+                    counters.violations[result.model] += 1
             return
-        first, counters, n = answered[0], self.counters, len(answered)
+        first, n = answered[0], len(answered)
         model, end = first.model, first.end
         counters.requests[(model, Status.OK.value)] += n
         late = sum(result.late for result in answered)
