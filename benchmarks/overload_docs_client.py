@@ -31,7 +31,6 @@ import asyncio
 import functools
 import itertools
 import json
-import os
 import shutil
 import socket
 import struct
@@ -50,6 +49,7 @@ from soak import start_server, stop_server  # benchmarks/soak.py, next to this f
 
 from edgeserve.errors import EdgeServeError
 from edgeserve.loop import run
+from edgeserve.metrics.process import sample
 from edgeserve.net.listeners import free_ports
 from edgeserve.repository import ModelRepository
 from edgeserve.tools.bench import default_ratios
@@ -225,8 +225,7 @@ async def drain(conns: list[Conn]) -> None:
 
 def server_cpu_s(pid: int) -> float:
     """The server process's CPU seconds (all threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sample(pid).cpu_seconds or 0.0
 
 
 def pct(values: list[float], q: float, digits: int = 2) -> float:
@@ -238,7 +237,7 @@ async def capacity(session: Session, inflight: int, secs: float, warm_s: float =
     conns, load = await open_conns(session)
     rng = np.random.default_rng(1)
     picks = itertools.cycle(
-        [load.models[i] for i in rng.choice(len(load.models), size=2_000_000, p=load.weights)]
+        [load.models[i] for i in rng.choice(len(load.models), size=100_000, p=load.weights)]
     )
     running = True
 
