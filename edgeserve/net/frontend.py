@@ -55,6 +55,7 @@ from edgeserve.manifest import Manifest, TensorSpec
 from edgeserve.net.answer_frames import AnswerFrames, timing_ms
 from edgeserve.net.flood_tally import FloodTally
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
+from edgeserve.net.read_lag import PLANNED_MAX_S, ReadLag
 from edgeserve.runtime import FrontendStats, Result, Status
 from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
 from edgeserve.wire.frame_shape import FrameShape, FrameShapes
@@ -271,7 +272,11 @@ class Frontend:
     def __init__(self, server: ServerPort, listen: ListenConfig) -> None:
         self.server = server
         self.listen = listen
-        self.margin_s = listen.reply_margin_ms / 1000.0  # Server.enqueue's reply_margin_s
+        # Server.enqueue's reply_margin_s: the configured margin for the answer's way to the client,
+        # plus the measured wait of a request in its socket before the loop read it (read_lag.py)
+        self.reply_margin_s = listen.reply_margin_ms / 1000.0
+        self.margin_s = self.reply_margin_s
+        self.read_lag = ReadLag(self._read_lag_moved)
         self.stats = FrontendStats()
         self.connections: set[Connection] = set()
         self.per_listener: dict[str, int] = {}  # admitted open connections by listener ("unix", "tcp")
@@ -290,6 +295,10 @@ class Frontend:
         self.holding = 0
         self.held: set[Connection] = set()
         server.answers_together(self.hold_answers, self.release_answers)
+
+    def _read_lag_moved(self, wait_s: float) -> None:
+        self.margin_s = self.reply_margin_s + min(wait_s, PLANNED_MAX_S)
+        self.stats.read_wait_seconds = wait_s
 
     def window_refusal(self, model: str, priority: int | None) -> RefusalFrame:
         """The cached frame of a `rejected` past a connection's window (bounded like `refusal`)."""
@@ -435,10 +444,17 @@ class Frontend:
                 unsent,
             )
 
+    def joined(self, connection: Connection) -> None:
+        self.connections.add(connection)
+        if len(self.connections) == 1:
+            self.read_lag.resume()
+
     def lost(self, connection: Connection) -> None:
         self.connections.discard(connection)
-        if not self.connections and self._all_closed is not None:
-            self._all_closed.set()
+        if not self.connections:
+            self.read_lag.pause()
+            if self._all_closed is not None:
+                self._all_closed.set()
 
 
 class Connection(asyncio.Protocol):
@@ -529,7 +545,7 @@ class Connection(asyncio.Protocol):
         stats = frontend.stats
         stats.connections += 1
         stats.open_connections += 1
-        frontend.connections.add(self)
+        frontend.joined(self)
         frontend.per_listener[self.listener] = frontend.per_listener.get(self.listener, 0) + 1
         loop = self._loop
         self._last_data = loop.time()

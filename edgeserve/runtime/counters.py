@@ -53,6 +53,7 @@ class FrontendStats:
     expired_on_arrival: int = 0
     flood_pauses: int = 0  # a client far past its window left unread while others had room
     process_cpu_seconds: float = 0.0  # CPU time of the front's own process ([listen] front_process)
+    read_wait_seconds: float = 0.0  # a request's median wait in its socket before the read (net/read_lag.py)
     by_status: dict[str, int] = field(default_factory=dict)
 
 
