@@ -1,5 +1,5 @@
 """How long bytes wait in a socket before the event loop reads them: the part of a client's
-deadline that the server's read time cannot see, as a gauge (edgeserve_frontend_read_wait_seconds).
+deadline that the server's read time cannot see; planned for up to 1 ms, exported as a gauge.
 
 Why: a client counts its deadline from its send, the server from its read. Beside a client that
 takes most of a core, the loop is often off its CPU or inside a long callback when a frame comes:
@@ -7,8 +7,8 @@ at 2x load the frames of a client written from the docs alone waited 1.0 ms at t
 the read, a fifth of the digits models' deadlines. So a socket request's plan leaves room for
 the running median of that wait, up to PLANNED_MAX_S on top of `[listen] reply_margin_ms`.
 Why a cap: at 10x the frames served are the newest of their reads, which waited far less than a
-frame arriving at a random instant (1.5-2 ms there); plans that much short on 5-10 ms deadlines
-cost a fast client a quarter of its goodput at 10x, where 1 ms at most cost nothing
+frame arriving at a random instant (1.1-2.1 ms there); plans that much short on 5-10 ms deadlines
+cost a fast client a third or more of its goodput at 10x, where 1 ms at most did not
 (docs/overload-journal.md, "The wait before the read").
 
 Why a timer fd: the kernel makes it readable at a set instant, as a client's write makes its
