@@ -297,7 +297,7 @@ def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:
             "edgeserve_frontend_read_wait_seconds",
             "gauge",
             "Median wait of a request in its socket before the front reads it (probed with a timer"
-            " fd; the plans leave room for it); 0 where not measured (the HTTP front)",
+            " fd; socket requests are planned with up to 1 ms of it); 0 where not measured (HTTP)",
         ),
     )
     families = [Family(name, kind, help_text) for _, name, kind, help_text in simple]
