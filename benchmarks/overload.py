@@ -18,7 +18,8 @@ busy fraction and the share of it its thread was on a CPU (`oncpu`: the rest it 
 or a core), the seconds per second the executor's and the loop's threads were ready to run but
 had no CPU (`exwait`, `lpwait`: Linux schedstat), idle-gap and decision P50/P99 (n/a without
 those histograms), client CPU while sending and server CPU (100% = one core), the share of the
-wall time the loop polled while idle (`poll%`, `[backend] idle_poll_us`); every rate also as
+wall time the loop polled while idle (`poll%`, `[backend] idle_poll_us`), the median wait of a
+request in its socket before the front read it as the phase ended (`rdwus`); every rate also as
 a multiple of the capacity. Last, fairness: one connection floods at 10x (`--flood`; `--floods N`
 shares it among N) while another, from a second process, sends at 0.1x.
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
@@ -88,6 +89,7 @@ SCRAPED = {  # summed over models
     "edgeserve_batches_decided_ahead_total": "ahead",
     "edgeserve_compute_duration_seconds_sum": "compute_s",
     "edgeserve_idle_poll_seconds_total": "idle_poll",
+    "edgeserve_frontend_read_wait_seconds": "read_wait",  # a gauge: the socket front's (HTTP's is 0)
 }
 THREAD_WAITS = {"executor": "executor_wait", "loop": "loop_wait"}  # edgeserve_thread_cpu_wait_seconds_total
 
@@ -352,6 +354,7 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         "server_cpu": (after["cpu"] + after["front_cpu"] - before["cpu"] - before["front_cpu"]) / window,
         "busy": (after["busy"] - before["busy"]) / window,
         "poll": (after["idle_poll"] - before["idle_poll"]) / window,
+        "read_wait_us": 1e6 * after["read_wait"],  # the front's measured wait before a read, at the end
         # the executor thread's CPU time within its batches, per busy second: the rest it waited
         # (for the GIL as the backend's run returned, or for a core)
         "on_cpu": (after["busy_cpu"] - before["busy_cpu"]) / max(after["busy"] - before["busy"], 1e-9),
@@ -407,7 +410,7 @@ _COLUMNS = (  # header|row key|format: every rate followed by its multiple of th
     "batchus|batch_us|>7.0f ahead|ahead|>5.0% busy|busy|>5.3f oncpu|on_cpu|>5.2f "
     "exwait|executor_wait|>6.2f lpwait|loop_wait|>6.2f gap50us|gap_p50_us|>7.0f "
     "gap99us|gap_p99_us|>7.0f dec50us|decision_p50_us|>7.0f cli%|client_cpu|>5.0% srv%|server_cpu|>5.0% "
-    "poll%|poll|>5.1%"
+    "poll%|poll|>5.1% rdwus|read_wait_us|>5.0f"
 )
 COLUMNS = [column.split("|") for column in _COLUMNS.split()]
 HEAD = " ".join(f"{h:{f.split('.')[0]}}" for h, _, f in COLUMNS)
