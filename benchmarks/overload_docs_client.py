@@ -366,6 +366,21 @@ def summarize(answers: list[Answer], sent: int, secs: float) -> dict[str, Any]:
         "p99_ms": pct(ok_ms, 99),
         "gap_p50_ms": pct(gap_ms, 50),
         "gap_p99_ms": pct(gap_ms, 99),
+        # Per deadline (ms): the late `ok` answers, by how much they missed, how much of the deadline
+        # the server had left when it answered them, and their way outside the server (P50/P90).
+        "late_by_deadline": {
+            str(d): {
+                "ok": sum(a.deadline_ms == d for a in ok),
+                "late": len(ls),
+                "late_by_p50": pct([a.latency_ms - d for a in ls], 50),
+                "late_by_p90": pct([a.latency_ms - d for a in ls], 90),
+                "slack_p50": pct([d - a.server_ms for a in ls], 50),
+                "gap_p50": pct([a.latency_ms - a.server_ms for a in ls], 50),
+                "gap_p90": pct([a.latency_ms - a.server_ms for a in ls], 90),
+            }
+            for d in sorted({a.deadline_ms for a in ok})
+            for ls in [[a for a in late if a.deadline_ms == d]]
+        },
     }
 
 

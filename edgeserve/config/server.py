@@ -150,6 +150,11 @@ class BackendConfig:
     # (while most idle periods are that short): the next request is read without a wake-up from a
     # halted core (runtime/idle_poll.py). 0: sleep at once.
     idle_poll_us: float = 200.0
+    # The event loop's thread asks the kernel for a CPU slice this short (Linux 6.12+, no privilege
+    # needed): its wake-ups (a frame to read, a batch to answer) preempt a longer-running thread on
+    # its core at once instead of waiting up to ~1.4 ms (runtime/cpu_slice.py). 100-100000, or 0:
+    # the kernel's default.
+    loop_slice_us: float = 100.0
     # ONNX Runtime: one session per exit, its stages composed into one graph (one call and one GIL
     # hand-off per batch; a copy of the weights per exit), or only per stage (chained); None
     # ("auto"): composed for models whose stage files total at most 64 MiB.
@@ -457,6 +462,7 @@ def _backend(data: Any) -> BackendConfig:
             "device",
             "inline_max_ms",
             "idle_poll_us",
+            "loop_slice_us",
             "compose_exits",
         ),
         "backend",
@@ -477,8 +483,18 @@ def _backend(data: Any) -> BackendConfig:
         device=None if data.get("device") is None else _device(data["device"]),
         inline_max_ms=non_negative_number(data.get("inline_max_ms", 1.0), "backend.inline_max_ms"),
         idle_poll_us=non_negative_number(data.get("idle_poll_us", 200.0), "backend.idle_poll_us"),
+        loop_slice_us=_loop_slice_us(data.get("loop_slice_us", 100.0)),
         compose_exits=None if compose == "auto" else compose,
     )
+
+
+def _loop_slice_us(value: Any) -> float:
+    us = non_negative_number(value, "backend.loop_slice_us")
+    if us and not 100 <= us <= 100_000:
+        raise ConfigError(
+            f"backend.loop_slice_us: the kernel takes 100 to 100000 us (or 0: its default), got {value!r}"
+        )
+    return us
 
 
 def _device(value: Any) -> str:

@@ -36,6 +36,7 @@ from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
+from edgeserve.runtime.cpu_slice import set_thread_slice, thread_slice_s
 from edgeserve.runtime.executor import BatchRun, Executor, Job, inline_safe
 from edgeserve.runtime.idle_poll import IdlePoll
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
@@ -198,6 +199,7 @@ class Server:
         self._lock = threading.RLock()
         self._calibration: LatencyCalibrator | None = None  # online latency calibration
         self._idle_poll = IdlePoll(self.config.backend.idle_poll_us * 1e-6)  # see `_poll_idle`
+        self._slice_before: float | None = None  # the loop thread's CPU slice before start (cpu_slice.py)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -240,8 +242,17 @@ class Server:
         if config.upstreams:
             self._offload = Offloader(self._offload_context(), config.upstreams)
             await self._offload.start()
+        self._shorten_slice(config.backend.loop_slice_us * 1e-6)
         self._accepting = True
         return self
+
+    def _shorten_slice(self, seconds: float) -> None:
+        """The loop's thread takes a short CPU slice, after the executor's thread started (which
+        keeps its own); `close` gives the old one back (an embedding app owns the thread)."""
+        before = thread_slice_s()
+        if seconds and before is not None and set_thread_slice(seconds):
+            self._slice_before = before
+            _log.debug("event loop thread: CPU slice %.2f ms (was %.2f ms)", seconds * 1e3, before * 1e3)
 
     async def __aenter__(self) -> Server:
         return await self.start()
@@ -279,6 +290,9 @@ class Server:
             data, repo = self._calibration.calibrated(), Path(self.config.repository)
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(save_calibrated, repo, self._fingerprint_key, data)
+        if self._slice_before is not None and self._loop_thread_id is not None:
+            set_thread_slice(self._slice_before, self._loop_thread_id)
+            self._slice_before = None
 
     async def reload(self, config: ServerConfig | Mapping[str, Any] | str | Path) -> list[str]:
         """Apply a new config without dropping a request; returns the changed key paths.

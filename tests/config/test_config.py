@@ -149,6 +149,17 @@ def test_backend_idle_poll_us_defaults_to_200_and_takes_zero_but_not_negative_or
             ServerConfig.from_dict({"models": models, "backend": {"idle_poll_us": bad}})
 
 
+def test_backend_loop_slice_us_defaults_to_100_and_takes_zero_or_the_kernels_range() -> None:
+    models = {"m": {"slo_ms": 50}}
+    assert ServerConfig.from_dict({"models": models}).backend.loop_slice_us == 100.0
+    for good in (0, 100, 2500.5, 100_000):
+        backend = ServerConfig.from_dict({"models": models, "backend": {"loop_slice_us": good}}).backend
+        assert backend.loop_slice_us == good
+    for bad in (-1, 50, 100_001, "short", True):
+        with pytest.raises(ConfigError, match=r"backend\.loop_slice_us"):
+            ServerConfig.from_dict({"models": models, "backend": {"loop_slice_us": bad}})
+
+
 def test_backend_compose_exits_is_auto_true_or_false() -> None:
     models = {"m": {"slo_ms": 50}}
 

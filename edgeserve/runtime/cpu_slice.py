@@ -1,0 +1,91 @@
+"""A short CPU slice for the event loop's thread, so that its wake-ups run at once.
+
+Why: on a busy box (a client on the same cores, the executor thread inside ONNX Runtime) a loop
+thread that wakes (a frame to read, a finished batch to answer) waits until the thread running on
+its core has used up its slice: 0.7 ms x (1 + log2 CPUs) by default, 1.4 ms on 2 CPUs. Beside a
+client written from the docs alone at 2x load, a finished batch waited 0.5-1.2 ms at the median
+for the loop to write its answers, and a frame about 1 ms before its read; the 5 ms deadlines of
+the digits models missed by that. Since Linux 6.12 (EEVDF) a SCHED_OTHER thread may ask for a
+shorter slice (sched_setattr's `sched_runtime`, 0.1-100 ms, no privilege needed), and a waking
+thread whose slice is shorter preempts the running one. The loop's work per wake-up is short: its
+share of the CPU does not change, only how soon it gets it (docs/overload-journal.md, "A short
+slice for the loop").
+
+Only the loop's thread: the executor thread runs batches of a millisecond and more, which a short
+slice would only cut up. Kernels before 6.12 accept the call and ignore the value (they report no
+slice: `thread_slice_s` is None there and nothing is set); other systems have no such call. Linux
+on x86-64 and arm64 (Jetson), through ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+MIN_S, MAX_S = 100e-6, 0.1  # the kernel clamps a requested slice to this range
+
+_SCHED_OTHER = 0
+_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # (sched_setattr, sched_getattr)
+
+
+class _SchedAttr(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("sched_policy", ctypes.c_uint32),
+        ("sched_flags", ctypes.c_uint64),
+        ("sched_nice", ctypes.c_int32),
+        ("sched_priority", ctypes.c_uint32),
+        ("sched_runtime", ctypes.c_uint64),  # a SCHED_OTHER thread's slice, ns (Linux 6.12+)
+        ("sched_deadline", ctypes.c_uint64),
+        ("sched_period", ctypes.c_uint64),
+        ("sched_util_min", ctypes.c_uint32),
+        ("sched_util_max", ctypes.c_uint32),
+    ]
+
+
+def _syscall() -> tuple[ctypes.CDLL, int, int] | None:
+    numbers = _SYSCALLS.get(platform.machine()) if platform.system() == "Linux" else None
+    if numbers is None:
+        return None
+    return ctypes.CDLL(None, use_errno=True), *numbers
+
+
+def _attr(tid: int) -> _SchedAttr | None:
+    call = _syscall()
+    if call is None:
+        return None
+    libc, _, get = call
+    attr = _SchedAttr()
+    if libc.syscall(get, tid, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
+        return None
+    return attr
+
+
+def thread_slice_s(tid: int = 0) -> float | None:
+    """The CPU slice of thread `tid` (0: the calling thread) in seconds; None where the kernel
+    reports none (before Linux 6.12, not Linux, a thread that is not SCHED_OTHER)."""
+    attr = _attr(tid)
+    if attr is None or attr.sched_policy != _SCHED_OTHER or not attr.sched_runtime:
+        return None
+    return attr.sched_runtime * 1e-9
+
+
+def set_thread_slice(seconds: float, tid: int = 0) -> bool:
+    """Ask for a CPU slice of `seconds` (clamped to MIN_S..MAX_S; 0: the kernel's default) for
+    thread `tid` (0: the calling thread). Leaves its policy and nice value as they are, and a
+    thread that is not SCHED_OTHER (set by its operator) alone. True if the kernel took it."""
+    call, attr = _syscall(), _attr(tid)
+    if call is None or attr is None or attr.sched_policy != _SCHED_OTHER or not attr.sched_runtime:
+        return False
+    libc, set_, _ = call
+    wanted = 0 if seconds <= 0 else round(min(max(seconds, MIN_S), MAX_S) * 1e9)
+    new = _SchedAttr(
+        size=ctypes.sizeof(_SchedAttr),
+        sched_policy=_SCHED_OTHER,
+        sched_nice=attr.sched_nice,
+        sched_runtime=wanted,
+    )
+    if libc.syscall(set_, tid, ctypes.byref(new), 0) != 0:
+        return False
+    now = thread_slice_s(tid)
+    return now is not None and (wanted == 0 or round(now * 1e9) == wanted)
