@@ -70,6 +70,11 @@ def thread_slice_s(tid: int = 0) -> float | None:
     return attr.sched_runtime * 1e-9
 
 
+def slice_ns(seconds: float) -> int:
+    """The slice the kernel gives for a request of `seconds`, in ns (0: its default)."""
+    return 0 if seconds <= 0 else round(min(max(seconds, MIN_S), MAX_S) * 1e9)
+
+
 def set_thread_slice(seconds: float, tid: int = 0) -> bool:
     """Ask for a CPU slice of `seconds` (clamped to MIN_S..MAX_S; 0: the kernel's default) for
     thread `tid` (0: the calling thread). Leaves its policy and nice value as they are, and a
@@ -78,7 +83,7 @@ def set_thread_slice(seconds: float, tid: int = 0) -> bool:
     if call is None or attr is None or attr.sched_policy != _SCHED_OTHER or not attr.sched_runtime:
         return False
     libc, set_, _ = call
-    wanted = 0 if seconds <= 0 else round(min(max(seconds, MIN_S), MAX_S) * 1e9)
+    wanted = slice_ns(seconds)
     new = _SchedAttr(
         size=ctypes.sizeof(_SchedAttr),
         sched_policy=_SCHED_OTHER,

@@ -36,7 +36,7 @@ from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
-from edgeserve.runtime.cpu_slice import set_thread_slice, thread_slice_s
+from edgeserve.runtime.cpu_slice import set_thread_slice, slice_ns, thread_slice_s
 from edgeserve.runtime.executor import BatchRun, Executor, Job, inline_safe
 from edgeserve.runtime.idle_poll import IdlePoll
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
@@ -248,9 +248,15 @@ class Server:
 
     def _shorten_slice(self, seconds: float) -> None:
         """The loop's thread takes a short CPU slice, after the executor's thread started (which
-        keeps its own); `close` gives the old one back (an embedding app owns the thread)."""
+        keeps its own); `close` gives the old one back (an embedding app owns the thread). A thread
+        that has it already (another Server on it) is left to whoever gave it."""
         before = thread_slice_s()
-        if seconds and before is not None and set_thread_slice(seconds):
+        if (
+            seconds
+            and before is not None
+            and round(before * 1e9) != slice_ns(seconds)
+            and set_thread_slice(seconds)
+        ):
             self._slice_before = before
             _log.debug("event loop thread: CPU slice %.2f ms (was %.2f ms)", seconds * 1e3, before * 1e3)
 

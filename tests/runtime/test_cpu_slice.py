@@ -27,11 +27,12 @@ pytestmark = pytest.mark.skipif(
 
 
 def on_new_thread(fn: Callable[[], T]) -> T:
-    """`fn` on a thread of its own, so that nothing it sets stays on pytest's."""
+    """`fn` on a thread of its own (nothing it sets stays on pytest's), from the kernel's default slice."""
     out: list[Any] = []
 
     def target() -> None:
         try:
+            set_thread_slice(0)  # the kernel's default, whatever the thread that started it had
             out.append(fn())
         except BaseException as exc:  # raised again on the caller's thread
             out.append(exc)
@@ -101,3 +102,19 @@ def test_the_server_shortens_its_loop_threads_slice_alone_and_gives_it_back(serv
     assert seen["loop"] == pytest.approx(slice_us * 1e-6 if slice_us else seen["before"])
     assert seen["executor"] == pytest.approx(seen["before"])  # its batches are not cut up
     assert seen["after"] == pytest.approx(seen["before"])
+
+
+def test_two_servers_on_one_thread_leave_it_as_it_was(served) -> None:
+    config = config_dict(served[0])
+
+    async def main() -> list[float | None]:
+        seen = [thread_slice_s()]
+        async with Server(config):
+            async with Server(config):
+                seen.append(thread_slice_s())
+            seen.append(thread_slice_s())  # the inner one did not shorten it, so gives nothing back
+        return [*seen, thread_slice_s()]
+
+    before, both, outer, after = on_new_thread(lambda: run(main()))
+    assert both == pytest.approx(100e-6) and outer == pytest.approx(100e-6)
+    assert after == pytest.approx(before)
