@@ -52,24 +52,21 @@ def _syscall() -> tuple[ctypes.CDLL, int, int] | None:
     return ctypes.CDLL(None, use_errno=True), *numbers
 
 
-def _attr(tid: int) -> _SchedAttr | None:
-    call = _syscall()
-    if call is None:
-        return None
+def _fair_attr(call: tuple[ctypes.CDLL, int, int], tid: int) -> _SchedAttr | None:
+    """Thread `tid`'s attributes where it is SCHED_OTHER and the kernel reports its slice."""
     libc, _, get = call
     attr = _SchedAttr()
     if libc.syscall(get, tid, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
         return None
-    return attr
+    return attr if attr.sched_policy == _SCHED_OTHER and attr.sched_runtime else None
 
 
 def thread_slice_s(tid: int = 0) -> float | None:
     """The CPU slice of thread `tid` (0: the calling thread) in seconds; None where the kernel
     reports none (before Linux 6.12, not Linux, a thread that is not SCHED_OTHER)."""
-    attr = _attr(tid)
-    if attr is None or attr.sched_policy != _SCHED_OTHER or not attr.sched_runtime:
-        return None
-    return attr.sched_runtime * 1e-9
+    call = _syscall()
+    attr = None if call is None else _fair_attr(call, tid)
+    return None if attr is None else attr.sched_runtime * 1e-9
 
 
 def slice_ns(seconds: float) -> int:
@@ -81,8 +78,9 @@ def set_thread_slice(seconds: float, tid: int = 0) -> bool:
     """Ask for a CPU slice of `seconds` (clamped to MIN_S..MAX_S; 0: the kernel's default) for
     thread `tid` (0: the calling thread). Leaves its policy and nice value as they are, and a
     thread that is not SCHED_OTHER (set by its operator) alone. True if the kernel took it."""
-    call, attr = _syscall(), _attr(tid)
-    if call is None or attr is None or attr.sched_policy != _SCHED_OTHER or not attr.sched_runtime:
+    call = _syscall()
+    attr = None if call is None else _fair_attr(call, tid)
+    if call is None or attr is None:
         return False
     libc, set_, _ = call
     wanted = slice_ns(seconds)
@@ -94,5 +92,5 @@ def set_thread_slice(seconds: float, tid: int = 0) -> bool:
     )
     if libc.syscall(set_, tid, ctypes.byref(new), 0) != 0:
         return False
-    now = thread_slice_s(tid)
-    return now is not None and (wanted == 0 or round(now * 1e9) == wanted)
+    now = _fair_attr(call, tid)
+    return now is not None and (wanted == 0 or now.sched_runtime == wanted)
