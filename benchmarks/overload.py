@@ -6,7 +6,8 @@ uvloop, raw sockets; frames encoded once per model, all requests due at a wake-u
 in the open loop, replies stamped as they arrive and decoded once the level's sending is over, or
 with `--decode live` decoded as they arrive, as most clients do, which costs the client about
 twice the CPU on the cores it shares with the server).
-A closed loop (`--window` in flight per connection, `--capacity-seconds`) measures the capacity in
+A closed loop (`--window` in flight per connection, at most the server's window and an even share
+of its in-flight total; `--capacity-seconds`) measures the capacity in
 `ok`/s; then open-loop Poisson load at each of `--levels` times it for `--seconds`, over
 `--connections` (half UNIX, half TCP), sent on schedule whatever the answers. Each request carries
 `deadline_ms` (its model's SLO, 5/8/10 ms, unless `--deadline-ms`); "in deadline" = `ok` and back at
@@ -62,6 +63,7 @@ import msgpack
 import numpy as np
 from soak import read_exposition, start_server, stop_server  # benchmarks/soak.py, next to this file
 
+from edgeserve.config.server import DEFAULT_TOTAL_WINDOWS
 from edgeserve.loop import new_event_loop
 from edgeserve.net.listeners import free_ports
 from edgeserve.repository import ModelRepository
@@ -235,6 +237,17 @@ async def open_conn(target: str) -> tuple[Conn, dict[str, Any]]:
     return conn, hello
 
 
+def closed_window(window: int, max_in_flight: int | None, total: int | None, connections: int) -> int:
+    """A closed-loop connection's requests in flight: `window`, at most the server's window and an
+    even share of its in-flight total (`[listen] max_in_flight_total`, by default DEFAULT_TOTAL_WINDOWS
+    windows): past them the server refuses, and a closed loop that resends each refusal at once
+    measures its own spinning, not the capacity (with 32 connections, 44 % of its answers `ok`)."""
+    if not window or not max_in_flight:
+        return window
+    share = (total or DEFAULT_TOTAL_WINDOWS * max_in_flight) // max(connections, 1)
+    return min(window, max_in_flight, max(1, share))
+
+
 async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
     """This process's connections: connect, plan, 'ready', wait for 'go', send, 'sent', drain."""
     names, seconds = spec["models"], spec["seconds"]
@@ -246,7 +259,7 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
         ]
         rng = np.random.default_rng(spec["seed"] + i)
         rate, window = spec["conns"][i].get("rate", 0.0), spec["conns"][i].get("window", 0)
-        window = min(window, hello.get("max_in_flight") or window)  # the closed loop keeps to the window
+        window = closed_window(window, hello.get("max_in_flight"), spec.get("total"), len(spec["conns"]))
         n = int(rate * seconds + 6 * math.sqrt(rate * seconds) + 10) if rate else 0  # >= the arrivals
         times = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else np.zeros(0)
         times = times[times < seconds].tolist()
@@ -574,6 +587,7 @@ def sweep(
     # `admit` reloads the server with the admission under test.
     closed = base | {"seconds": args.capacity_seconds, "seed": args.seed}
     closed["conns"] = [{"target": t, "window": args.window} for t in targets]
+    closed["total"] = args.max_in_flight_total
     cap = phase(pipes[:1], [closed], metrics)
     measured = sum(c["ok"] for c in cap["conns"]) / cap["seconds"]
     capacity = args.capacity or measured
@@ -586,7 +600,7 @@ def sweep(
             "understates the capacity: try a smaller --window, or --capacity"
         )
     split = split_rate(base["models"], default_ratios(len(base["models"])), capacity)
-    window = min(args.window, cap["max_in_flight"] or args.window)
+    window = closed_window(args.window, cap["max_in_flight"], args.max_in_flight_total, len(targets))
     print(
         f"capacity (closed loop, {len(targets)} connections x {window} in flight, {cap['seconds']:.1f} "
         f"s): {measured:.0f} ok/s{f'; using --capacity {capacity:.0f}' if args.capacity else ''} = "
