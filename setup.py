@@ -1,8 +1,9 @@
 """Only the optional compiled parts live here; everything else is in setup.cfg.
 
 edgeserve.scheduler._quick is the default policy's usual decision in C, edgeserve.wire._shapes the
-refusal of a flood's frames by shape, edgeserve.runtime._nap the event loop's wait for the executor
-thread's next batch (see their headers). All are optional: where no C compiler is found the install
+refusal of a flood's frames by shape, edgeserve.wire._infer the common infer request read from its
+frame, edgeserve.runtime._nap the event loop's wait for the executor thread's next batch (see their
+headers). All are optional: where no C compiler is found the install
 goes on and Python (numpy, a lock) does the same.
 _quick is built with -ffp-contract=off: no fused multiply-adds, so its arithmetic rounds exactly
 as Python's does.
@@ -27,6 +28,12 @@ setup(
         Extension(
             "edgeserve.wire._shapes",
             ["edgeserve/wire/_shapes.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "edgeserve.wire._infer",
+            ["edgeserve/wire/_infer.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

@@ -65,12 +65,15 @@ from edgeserve.wire.frames import (
     MAX_MODEL_NAME,
     PROTOCOL_VERSION,
     InferRequest,
+    InferTable,
     ProtocolError,
     SampleSpec,
+    compiled_infer,
     decode_body,
     encode_frame,
     fast_infer,
     id_of,
+    infer_table,
     message_type,
     newest_frames_start,
     parse_hello,
@@ -286,7 +289,7 @@ class Frontend:
         self.refusing = 0  # connections whose refusals wait for the next loop turn
         self._drained: asyncio.Event | None = None  # set when in_flight reaches 0 (drain waits on it)
         self._all_closed: asyncio.Event | None = None  # set when the last connection is lost
-        self._specs: tuple[object, dict[str, SampleSpec]] = (None, {})
+        self._specs: tuple[object, dict[str, SampleSpec], InferTable] = (None, {}, ())
         self._refusals: dict[tuple[object, ...], RefusalFrame] = {}
         self.window_refusals: dict[tuple[str, int | None], RefusalFrame] = {}  # by model, priority
         self.answer_frames = AnswerFrames()  # `ok` answers from cached pieces
@@ -333,8 +336,16 @@ class Frontend:
 
     @property
     def specs(self) -> dict[str, SampleSpec]:
-        """Per model served as it is (no camera preprocess): what fast_infer accepts. Recomputed
-        when a reload installs a new config (preprocess tables may change)."""
+        """Per model served as it is (no camera preprocess): what fast_infer accepts."""
+        return self._spec_tables()[1]
+
+    @property
+    def infer_table(self) -> InferTable:
+        """`specs` as the compiled reader takes them (wire.frames.compiled_infer)."""
+        return self._spec_tables()[2]
+
+    def _spec_tables(self) -> tuple[object, dict[str, SampleSpec], InferTable]:
+        """Recomputed when a reload installs a new config (preprocess tables may change)."""
         config = self.server.config
         if self._specs[0] is not config:
             specs = {}
@@ -344,8 +355,8 @@ class Frontend:
                     sample = SampleSpec.of(inputs[0].dtype, tuple(inputs[0].shape))
                     if sample is not None:
                         specs[name] = sample
-            self._specs = (config, specs)
-        return self._specs[1]
+            self._specs = (config, specs, infer_table(specs))
+        return self._specs
 
     def polite_others(self, connection: Connection) -> tuple[int, int]:
         """How many other greeted clients sent lately, and how many of them are polite. A hold
@@ -638,6 +649,10 @@ class Connection(asyncio.Protocol):
                     if cost:
                         handled += cost
                         continue
+            if self._greeted and self._on_compiled(buffer, pos + HEADER.size, end):
+                pos = end
+                handled += 1
+                continue
             body = buffer[pos + HEADER.size : end]  # one copy; the buffer is trimmed once, below
             pos = end
             self._on_frame(body)
@@ -710,7 +725,13 @@ class Connection(asyncio.Protocol):
             length = HEADER.unpack_from(buffer, pos)[0]
             if length > max_frame:
                 break
-            end = pos + HEADER.size + length  # complete: newest_frames_start counted it
+            end = pos + HEADER.size + length
+            if end > len(buffer):  # the incomplete frame after the ones newest_frames_start counted
+                break
+            if self._on_compiled(buffer, pos + HEADER.size, end):
+                served += 1
+                pos = end
+                continue
             try:
                 message = decode_body(buffer[pos + HEADER.size : end], max_frame)
             except ProtocolError:
@@ -832,6 +853,16 @@ class Connection(asyncio.Protocol):
         self._fail(error, protocol_error=False)
 
     # -- messages ----------------------------------------------------------------------------------
+
+    def _on_compiled(self, buffer: bytearray, start: int, end: int) -> bool:
+        """A greeted connection's common request, read by the compiled reader straight from the
+        buffer (no msgpack map: ~2 us less of the loop's time per request) and accepted; False
+        for any other frame, which the caller then reads the general way."""
+        fast = compiled_infer(buffer, start, end, self.frontend.infer_table)
+        if fast is None:
+            return False
+        self._on_fast(*fast)
+        return True
 
     def _on_frame(self, body: bytes) -> None:
         """One frame. A readable id (after the hello) gets exactly one answer: `invalid` for a bad

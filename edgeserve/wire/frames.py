@@ -30,6 +30,11 @@ from edgeserve.wire.bounds import (
 )
 from edgeserve.wire.tensors import TensorError, decode_tensor
 
+try:  # fast_infer's common case read from the frame's bytes, compiled (setup.py; optional)
+    from edgeserve.wire._infer import parse as _compiled_parse
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    _compiled_parse = None
+
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
 MAX_ID = 2**63 - 1
@@ -281,6 +286,31 @@ class SampleSpec:
 
 
 FastInfer = tuple[int, str, np.ndarray, "float | None", "float | None", "int | None"]
+# What the compiled reader takes: per model served as it is, its name in UTF-8, the name, its
+# SampleSpec, the wire dtype name, the shape and the data's size (wire/_infer.c).
+InferTable = tuple[tuple[bytes, str, SampleSpec, bytes, tuple[int, ...], int], ...]
+
+
+def infer_table(specs: dict[str, SampleSpec]) -> InferTable:
+    """`specs` as the compiled reader (`compiled_infer`) takes them."""
+    return tuple(
+        (name.encode(), name, spec, spec.dtype_name.encode(), spec.shape, spec.nbytes)
+        for name, spec in specs.items()
+    )
+
+
+def compiled_infer(buffer: bytearray, start: int, end: int, table: InferTable) -> FastInfer | None:
+    """What `fast_infer(decode_body(buffer[start:end]))` gives, read straight from the bytes where
+    the compiled reader is built (setup.py), for a request without capture_ts; None otherwise, and
+    the caller reads the frame the general way. Its tensor is a copy: the buffer moves on."""
+    if _compiled_parse is None:
+        return None
+    found = _compiled_parse(buffer, start, end, table)
+    if found is None:
+        return None
+    request_id, model, spec, at, deadline_ms, priority = found
+    sample = np.frombuffer(buffer[at : at + spec.nbytes], dtype=spec.dtype).reshape(spec.shape)
+    return request_id, model, sample, deadline_ms, None, priority
 
 
 def fast_infer(message: dict[str, Any], specs: dict[str, SampleSpec]) -> FastInfer | None:

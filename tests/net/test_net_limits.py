@@ -336,6 +336,19 @@ def test_the_newest_frames_of_a_read_take_the_window_and_the_older_ones_are_refu
     assert set(answers.values()) == {"ok", "rejected"}
 
 
+def test_an_incomplete_frame_after_the_newest_ones_waits_for_its_last_bytes(served, tmp_path: Path) -> None:
+    """The newest frames of a read are served up to the last complete one: a frame still arriving
+    is not read from the bytes it has so far, even where those already hold a whole request."""
+    body = encode_frame(valid_request(31))[HEADER.size :]
+    with _one_request_running(served, tmp_path) as (_, sock):
+        sock.sendall(_flood_bytes(1, 30) + HEADER.pack(len(body) + 1) + body)  # one byte short
+        answers = _answers(sock, 31)
+        assert sorted(answers) == list(range(31))
+        sock.sendall(b"\xc0")  # the frame now holds two msgpack values: unreadable
+        message = read_frame(sock)
+    assert message is not None and message["type"] == "error", message
+
+
 def test_frames_older_than_the_served_ones_stay_refused_while_their_refusals_wait_a_turn(
     served, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from edgeserve.net.flood_tally import LIGHT_TRACK
 from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT, Connection
 from edgeserve.net.listeners import free_ports
 from edgeserve.net.preprocess import preprocess_frame
+from edgeserve.wire import frames
 from edgeserve.wire.client import AsyncClient, BlockingClient, Reply, ServerRefused
 from edgeserve.wire.frames import HEADER, encode_frame
 from edgeserve.wire.tensors import encode_tensor
@@ -40,8 +41,22 @@ def _assert_reference(reply: Reply, tiny: TinyModel, x: np.ndarray) -> None:
     np.testing.assert_allclose(reply.output, tiny.forward(x[None], reply.exit_index)[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("transport", ["unix", "tcp"])
-def test_pipelined_requests_get_their_own_reference_logits(served, tmp_path: Path, transport: str) -> None:
+@pytest.mark.parametrize(("transport", "compiled"), [("unix", True), ("tcp", True), ("unix", False)])
+def test_pipelined_requests_get_their_own_reference_logits(
+    served, tmp_path: Path, transport: str, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same answers whether the compiled reader takes the requests (wire/_infer.c) or, on a
+    machine without a C compiler, msgpack and fast_infer do."""
+    if compiled and frames._compiled_parse is None:
+        pytest.skip("the compiled reader is not built")
+    read_by_c: list[object] = []
+    parse = frames._compiled_parse
+    if compiled:
+        monkeypatch.setattr(
+            frames, "_compiled_parse", lambda *args: read_by_c.append(parse(*args)) or read_by_c[-1]
+        )
+    else:
+        monkeypatch.setattr(frames, "_compiled_parse", None)
     root, models = served
     xa, xb = models["tiny_a"].random_input(25, seed=1), models["tiny_b"].random_input(15, seed=2)
     with server_thread(net_config(config_dict(root), tmp_path)) as srv:
@@ -62,6 +77,7 @@ def test_pipelined_requests_get_their_own_reference_logits(served, tmp_path: Pat
         _assert_reference(reply, models["tiny_b"], x)
     assert [r.priority for r in replies[:25]] == list(range(25))
     assert all(r.timings["total_ms"] > 0 for r in replies)
+    assert sum(found is not None for found in read_by_c) == (40 if compiled else 0)
 
 
 def test_blocking_client_pipelines_from_one_thread(served, tmp_path: Path) -> None:
