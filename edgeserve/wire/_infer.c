@@ -166,39 +166,32 @@ static int get_tensor(Cursor *c, Tensor *t) {
     return 1;
 }
 
+/* Whether `entry` of the table is the request's model: 1 if so and the tensor is what it takes,
+ * -1 if it is that model but the tensor is not (left to Python), 0 if another model; -2 with an
+ * exception set for an entry that is not (bytes, str, spec, bytes, tuple of ints, int). Only the
+ * entries compared are checked, once per request, not the whole table. */
 static int matches(PyObject *entry, const Tensor *t, const unsigned char *name, Py_ssize_t name_len) {
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 6 || !PyBytes_Check(PyTuple_GET_ITEM(entry, 0)) ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(entry, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(entry, 3)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(entry, 4)) || !PyLong_Check(PyTuple_GET_ITEM(entry, 5))) {
+        PyErr_SetString(PyExc_TypeError, "parse: table is a tuple of (bytes, str, spec, bytes, shape, nbytes)");
+        return -2;
+    }
     PyObject *want_name = PyTuple_GET_ITEM(entry, 0), *dtype = PyTuple_GET_ITEM(entry, 3);
     PyObject *shape = PyTuple_GET_ITEM(entry, 4);
     if (PyBytes_GET_SIZE(want_name) != name_len || memcmp(PyBytes_AS_STRING(want_name), name, (size_t)name_len))
         return 0;
     if (PyBytes_GET_SIZE(dtype) != t->dtype_len || memcmp(PyBytes_AS_STRING(dtype), t->dtype, (size_t)t->dtype_len))
         return -1;
-    if (PyTuple_GET_SIZE(shape) != t->ndim || PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 5)) != t->data_len)
-        return -1;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 5));
+    if (nbytes == -1 && PyErr_Occurred()) return -2;
+    if (PyTuple_GET_SIZE(shape) != t->ndim || nbytes != t->data_len) return -1;
     for (Py_ssize_t d = 0; d < t->ndim; d++) {
         unsigned long long want = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, d));
+        if (want == (unsigned long long)-1 && PyErr_Occurred()) return -2;  /* not an int >= 0 */
         if (want != t->dims[d]) return -1;
     }
     return 1;
-}
-
-static int check_table(PyObject *table) {
-    if (!PyTuple_Check(table)) return -1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(table); i++) {
-        PyObject *entry = PyTuple_GET_ITEM(table, i);
-        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 6 || !PyBytes_Check(PyTuple_GET_ITEM(entry, 0)) ||
-            !PyUnicode_Check(PyTuple_GET_ITEM(entry, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(entry, 3)) ||
-            !PyTuple_Check(PyTuple_GET_ITEM(entry, 4)) || !PyLong_Check(PyTuple_GET_ITEM(entry, 5)))
-            return -1;
-        PyObject *shape = PyTuple_GET_ITEM(entry, 4);
-        for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++) {
-            PyObject *dim = PyTuple_GET_ITEM(shape, d);
-            if (!PyLong_Check(dim) || PyLong_AsLongLong(dim) < 0) return -1;
-        }
-        if (PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 5)) < 0) return -1;
-    }
-    if (PyErr_Occurred()) return -1;
-    return 0;
 }
 
 static PyObject *parse(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -209,9 +202,8 @@ static PyObject *parse(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
     if ((start == -1 || stop == -1) && PyErr_Occurred()) return NULL;
     PyObject *table = args[3];
-    if (check_table(table) < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "parse: table is a tuple of (bytes, str, spec, bytes, shape, nbytes)");
+    if (!PyTuple_Check(table)) {
+        PyErr_SetString(PyExc_TypeError, "parse: table is a tuple of (bytes, str, spec, bytes, shape, nbytes)");
         return NULL;
     }
     Py_buffer view;
@@ -300,6 +292,7 @@ static PyObject *parse(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyObject *entry = PyTuple_GET_ITEM(table, i);
         int m = matches(entry, &tensor, name, name_len);
         if (m == 0) continue;
+        if (m == -2) goto done;  /* out stays NULL: the exception */
         if (m < 0) goto none;
         PyObject *deadline_obj = has_deadline ? PyFloat_FromDouble(deadline) : Py_NewRef(Py_None);
         PyObject *priority_obj = has_priority ? PyLong_FromLongLong(priority) : Py_NewRef(Py_None);
