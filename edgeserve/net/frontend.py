@@ -61,13 +61,12 @@ from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
 from edgeserve.wire.frame_shape import FrameShape, FrameShapes
 from edgeserve.wire.frames import (
     HEADER,
-    MAX_ID,
-    MAX_MODEL_NAME,
     PROTOCOL_VERSION,
     InferRequest,
     InferTable,
     ProtocolError,
     SampleSpec,
+    compiled_head,
     compiled_infer,
     decode_body,
     encode_frame,
@@ -78,6 +77,7 @@ from edgeserve.wire.frames import (
     newest_frames_start,
     parse_hello,
     parse_infer,
+    refusal_head,
 )
 from edgeserve.wire.tensors import encode_tensor
 
@@ -979,6 +979,7 @@ class Connection(asyncio.Protocol):
         frontend = self.frontend
         max_frame = frontend.listen.max_frame_bytes
         cached = frontend.window_refusals
+        table = frontend.infer_table
         out = self._out
         unpack_from, header = HEADER.unpack_from, HEADER.size
         flush = not out  # nothing was queued before: flush at the end of this turn
@@ -1009,16 +1010,17 @@ class Connection(asyncio.Protocol):
                     if count < most:  # the next frame has a layout not seen yet
                         wait, unmatched = BLOCK_MIN << backoff, True
                     continue
-            try:
-                message = decode_body(buffer[pos + header : end], max_frame)
-            except ProtocolError:
-                break
-            request_id = message.get("id")
-            if message.get("type") != "infer" or type(request_id) is not int or not 0 <= request_id <= MAX_ID:
-                break
-            model, priority = message.get("model"), message.get("priority")
-            model = model if type(model) is str and len(model) <= MAX_MODEL_NAME else ""
-            priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
+            message: dict[str, Any] | None = None
+            head = compiled_head(buffer, pos + header, end, table)  # a common request: no decode
+            if head is None:
+                try:
+                    message = decode_body(buffer[pos + header : end], max_frame)
+                except ProtocolError:
+                    break
+                head = refusal_head(message)
+                if head is None:
+                    break
+            request_id, model, priority = head
             refusal = cached.get((model, priority)) or frontend.window_refusal(model, priority)
             out.append(refusal.frame(request_id))
             single += 1
@@ -1028,6 +1030,8 @@ class Connection(asyncio.Protocol):
             # Learn from the frame a block stopped at (no shape matched it), or from a frame of a
             # length with no shape yet; with no backoff, try the blocks again at once.
             if unmatched or (end - pos not in lengths and since >= LEARN_AFTER << backoff):
+                if message is None:  # (decodes: the compiled reader took it)
+                    message = decode_body(buffer[pos + header : end], max_frame)
                 shape = FrameShape.learn(buffer[pos:end], message)
                 if shape is not None:
                     self._shapes.add(shape)

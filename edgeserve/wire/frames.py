@@ -289,6 +289,7 @@ FastInfer = tuple[int, str, np.ndarray, "float | None", "float | None", "int | N
 # What the compiled reader takes: per model served as it is, its name in UTF-8, the name, its
 # SampleSpec, the wire dtype name, the shape and the data's size (wire/_infer.c).
 InferTable = tuple[tuple[bytes, str, SampleSpec, bytes, tuple[int, ...], int], ...]
+RequestHead = tuple[int, str, "int | None"]  # a request's id, model and priority
 
 
 def infer_table(specs: dict[str, SampleSpec]) -> InferTable:
@@ -311,6 +312,27 @@ def compiled_infer(buffer: bytearray, start: int, end: int, table: InferTable) -
     request_id, model, spec, at, deadline_ms, priority = found
     sample = np.frombuffer(buffer[at : at + spec.nbytes], dtype=spec.dtype).reshape(spec.shape)
     return request_id, model, sample, deadline_ms, None, priority
+
+
+def compiled_head(buffer: bytearray, start: int, end: int, table: InferTable) -> RequestHead | None:
+    """The id, model and priority of a request `compiled_infer` would take, without its tensor:
+    what a refusal needs; None where it would not (the caller then decodes the frame)."""
+    if _compiled_parse is None:
+        return None
+    found = _compiled_parse(buffer, start, end, table)
+    return None if found is None else (found[0], found[1], found[5])
+
+
+def refusal_head(message: dict[str, Any]) -> RequestHead | None:
+    """The id, model and priority a window refusal of `message` answers with (a model name or
+    priority it cannot echo becomes "" or None); None if it is not an infer with a valid id."""
+    request_id = message.get("id")
+    if message.get("type") != "infer" or type(request_id) is not int or not 0 <= request_id <= MAX_ID:
+        return None
+    model, priority = message.get("model"), message.get("priority")
+    model = model if type(model) is str and len(model) <= MAX_MODEL_NAME else ""
+    priority = priority if type(priority) is int and -(2**31) <= priority < 2**31 else None
+    return request_id, model, priority
 
 
 def fast_infer(message: dict[str, Any], specs: dict[str, SampleSpec]) -> FastInfer | None:

@@ -32,6 +32,7 @@ from edgeserve.config.checks import ConfigError
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.net import frontend as frontend_module
 from edgeserve.wire import frame_shape
+from edgeserve.wire import frames as frames_module
 from edgeserve.wire.client import BlockingClient, ServerRefused
 from edgeserve.wire.frame_shape import FrameShapes
 from edgeserve.wire.frames import HEADER, encode_frame
@@ -536,18 +537,40 @@ def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_
     assert sum(matched) > len(sent) * 3 // 4, f"refused by shape: {sum(matched)} of {len(sent)}"
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "decoded"])
 def test_a_flood_whose_frames_vary_in_structure_is_refused_one_by_one_each_once(
-    served, tmp_path: Path
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
 ) -> None:
     """An int field that changes in every frame: no shape holds (the connection backs off from
-    learning them), and every frame still gets exactly one answer."""
+    learning them), and every frame still gets exactly one answer, naming its model and echoing
+    its priority, whether the refusal read its head with the compiled reader (a served model) or
+    decoded the frame (an unknown model, a priority out of range, or no compiled reader)."""
+    if compiled and frames_module._compiled_parse is None:
+        pytest.skip("edgeserve.wire._infer is not built")
+    heads: list[object] = []
+    read_head = frontend_module.compiled_head
+
+    def counted(*args: Any) -> Any:
+        heads.append(read_head(*args) if compiled else None)
+        return heads[-1]
+
+    monkeypatch.setattr(frontend_module, "compiled_head", counted)
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=1)
     x = encode_tensor(np.zeros((1, 8, 8), np.float32))
     ids = range(70_000, 73_000)
+    kinds = [("tiny_a", None), ("tiny_a", 3), ("tiny_a", -(2**31)), ("tiny_x", 1), ("tiny_a", 2**31)]
+    sent = {k: kinds[k % len(kinds)] for k in ids}
     frames = b"".join(
         encode_frame(
-            {"type": "infer", "id": k, "model": "tiny_a", "tensor": x, "deadline_ms": 5_000 + k % 97}
+            {
+                "type": "infer",
+                "id": k,
+                "model": sent[k][0],
+                "tensor": x,
+                "deadline_ms": 5_000 + k % 97,
+                **({} if sent[k][1] is None else {"priority": sent[k][1]}),
+            }
         )
         for k in ids
     )
@@ -556,9 +579,26 @@ def test_a_flood_whose_frames_vary_in_structure_is_refused_one_by_one_each_once(
         assert read_frame(sock)["type"] == "hello"
         sender = threading.Thread(target=sock.sendall, args=(frames,))
         sender.start()
-        answers = _answers(sock, len(ids))
+        answers: dict[int, dict[str, Any]] = {}
+        while len(answers) < len(ids):
+            message = read_frame(sock)
+            assert message is not None and message["type"] == "result", message
+            assert message["id"] not in answers, "an id was answered twice"
+            answers[message["id"]] = message
         sender.join()
-    assert sorted(answers) == list(ids) and set(answers.values()) <= {"ok", "rejected"}
+    assert sorted(answers) == list(ids)
+    refused = 0
+    for k, answer in answers.items():
+        model, priority = sent[k]
+        if answer["status"] == "rejected" and "too many requests in flight" in answer["error"]:
+            refused += 1
+            assert answer["model"] == model, answer
+            assert answer["priority"] == (None if priority == 2**31 else priority), answer
+        else:
+            assert answer["status"] in {"ok", "invalid"}, answer
+    assert refused > len(ids) // 2
+    if compiled:  # the served model's frames with a priority in range were read by the compiled reader
+        assert sum(head is not None for head in heads) > len(ids) // 4
 
 
 def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_answer(

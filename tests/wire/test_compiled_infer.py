@@ -15,10 +15,12 @@ from edgeserve.wire import frames
 from edgeserve.wire.frames import (
     ProtocolError,
     SampleSpec,
+    compiled_head,
     compiled_infer,
     decode_body,
     fast_infer,
     infer_table,
+    refusal_head,
 )
 
 pytestmark = pytest.mark.skipif(frames._compiled_parse is None, reason="the compiled reader is not built")
@@ -60,6 +62,10 @@ def check(body: bytes, *, accepted: bool | None = None) -> None:
     expected = reference(body)
     if found is not None:  # whatever it accepts, the general way reads the same
         assert same(found, expected), (body, found, expected)
+        # and a window's refusal of it answers with what a refusal of the decoded frame would
+        assert compiled_head(buffer, 4, 4 + len(body), TABLE) == refusal_head(decode_body(body, 1 << 20))
+    else:
+        assert compiled_head(buffer, 4, 4 + len(body), TABLE) is None
     if accepted is not None:
         assert (found is not None) is accepted, body
         if accepted:
