@@ -109,6 +109,10 @@ class ListenConfig:
     # At this many in flight on all connections, each connection's window is its even share
     # (None: DEFAULT_TOTAL_WINDOWS windows of max_in_flight; see in_flight_total).
     max_in_flight_total: int | None = None
+    # Below that total a connection may go past max_in_flight up to its even share of the total
+    # among the connections with requests in flight (a client alone: the whole total), so that
+    # one pipelining client keeps the executor batching; false: max_in_flight binds always.
+    share_total: bool = True
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_listener: int = DEFAULT_MAX_CONNECTIONS_PER_LISTENER
     max_hello_bytes: int = DEFAULT_MAX_HELLO_BYTES
@@ -377,6 +381,7 @@ def _listen(data: Any) -> ListenConfig:
         "max_frame_bytes",
         "max_in_flight",
         "max_in_flight_total",
+        "share_total",
         "max_connections",
         "max_connections_per_listener",
         "max_hello_bytes",
@@ -400,9 +405,10 @@ def _listen(data: Any) -> ListenConfig:
     if http is not None:
         http = _host_port(http, "listen.http")
     token = data.get("token")
-    front_process = data.get("front_process", False)
-    if not isinstance(front_process, bool):
-        raise ConfigError(f"listen.front_process: must be true or false, got {front_process!r}")
+    front_process, share_total = data.get("front_process", False), data.get("share_total", True)
+    for key, flag in (("front_process", front_process), ("share_total", share_total)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"listen.{key}: must be true or false, got {flag!r}")
     return ListenConfig(
         unix=unix,
         unix_mode=int(mode_text, 8),
@@ -417,6 +423,7 @@ def _listen(data: Any) -> ListenConfig:
         max_in_flight_total=None
         if data.get("max_in_flight_total") is None
         else positive_int(data["max_in_flight_total"], "listen.max_in_flight_total"),
+        share_total=share_total,
         max_connections=positive_int(
             data.get("max_connections", DEFAULT_MAX_CONNECTIONS), "listen.max_connections"
         ),

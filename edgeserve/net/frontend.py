@@ -112,6 +112,10 @@ WRITE_HIGH_WATER = 1024 * 1024
 # FLOOD_RATIO times what its full window let through (flood_tally): a hold would idle the executor
 # it can use.
 FLOOD_FRAMES = 16
+# With [listen] share_total, a connection's window below the total is its even share among the
+# clients that sent in the last SENDING_S, counted every SENDING_EVERY_S (Frontend.sending).
+SENDING_S = 0.25
+SENDING_EVERY_S = 0.01
 # With at most this many connections open, a full window's refusals wait a loop turn (_defer_refusals).
 DEFER_REFUSALS = 4
 FLOOD_PAUSE_S = 0.05
@@ -210,21 +214,32 @@ def _backoff(fruitless: int) -> int:
     return min(max(fruitless - FrameShapes.MAX_PER_LENGTH, 0), MAX_BACKOFF)
 
 
-def window(max_in_flight: int, total: int, in_flight: int, busy: int) -> int:
-    """A connection's window: `max_in_flight` while all connections together have fewer than
-    `total` requests in flight (`in_flight`), then an even share of `total` among the `busy`
-    connections (those with requests in flight), at least 1."""
+def window(
+    max_in_flight: int, total: int, in_flight: int, busy: int, mine: int, share_total: bool, sending: int = 0
+) -> int:
+    """A connection's window, with `mine` of its requests in flight. While all connections
+    together have fewer than `total` in flight (`in_flight`): `max_in_flight`, or with
+    `share_total` its even share of `total` where that is more, shared among the `busy`
+    connections (those with requests in flight, itself counted) or the `sending` ones, whichever
+    are more: a client alone keeps the executor's queue as full as several would. At the total: an
+    even share of it among the busy connections, at most `max_in_flight` and at least 1."""
     if in_flight < total:
-        return max_in_flight
+        if not share_total:
+            return max_in_flight
+        return max(max_in_flight, total // max(busy + (mine == 0), sending, 1))
     return max(1, min(max_in_flight, total // max(busy, 1)))
 
 
-def room(max_in_flight: int, total: int, mine: int, in_flight: int, busy: int) -> int:
+def room(
+    max_in_flight: int, total: int, mine: int, in_flight: int, busy: int, share_total: bool, sending: int = 0
+) -> int:
     """How many requests a connection with `mine` in flight may accept one after the other, its
     `window` moving with each (the total grows, and its first makes it busy): up to the window
     while under the total, then up to its share."""
-    under = min(max_in_flight - mine, total - in_flight)
-    share = max(1, min(max_in_flight, total // (busy + (mine == 0))))
+    busy_then = max(busy + (mine == 0), 1)
+    cap = max(max_in_flight, total // max(busy_then, sending)) if share_total else max_in_flight
+    under = min(cap - mine, total - in_flight)
+    share = max(1, min(max_in_flight, total // busy_then))
     return max(under, share - mine, 0)
 
 
@@ -286,6 +301,7 @@ class Frontend:
         self.write_high_water = WRITE_HIGH_WATER  # bytes buffered for one client before reading pauses
         self.in_flight = 0  # accepted requests not answered yet, all connections
         self.busy = 0  # connections with requests in flight: they share max_in_flight_total
+        self._sending = (-math.inf, 0)  # (loop.time() counted at, greeted connections sending lately)
         self.refusing = 0  # connections whose refusals wait for the next loop turn
         self._drained: asyncio.Event | None = None  # set when in_flight reaches 0 (drain waits on it)
         self._all_closed: asyncio.Event | None = None  # set when the last connection is lost
@@ -368,6 +384,17 @@ class Frontend:
             c for c in self.connections if c is not connection and c.greeted and now - c.last_data < 1.0
         ]
         return len(others), sum(c.polite(now) for c in others)
+
+    def sending(self, now: float) -> int:
+        """How many greeted clients sent in the last SENDING_S (counted again every SENDING_EVERY_S):
+        with `share_total`, a busy connection's window below the total is at most its even share
+        among these too, so that a client sending now and then (between its requests it has none
+        in flight) does not find the queues filled by one that sends more."""
+        counted_at, count = self._sending
+        if now - counted_at > SENDING_EVERY_S:
+            count = sum(c.greeted and now - c.last_data < SENDING_S for c in self.connections)
+            self._sending = (now, count)
+        return count
 
     def answered(self) -> None:
         self.in_flight -= 1
@@ -950,20 +977,36 @@ class Connection(asyncio.Protocol):
         if self._last_data < self._small_window_until:
             return self._small_window
         frontend, listen = self.frontend, self.frontend.listen
-        if frontend.in_flight < listen.in_flight_total or self._tally.light(self._last_data):
-            return listen.max_in_flight  # a light client's bursts pass: the even share binds the busy
-        return window(listen.max_in_flight, listen.in_flight_total, frontend.in_flight, frontend.busy)
+        mine = window(
+            listen.max_in_flight,
+            listen.in_flight_total,
+            frontend.in_flight,
+            frontend.busy,
+            self._in_flight,
+            listen.share_total,
+            frontend.sending(self._last_data),
+        )
+        if self._tally.light(self._last_data):  # a light client's bursts pass: the even share binds the busy
+            return max(mine, listen.max_in_flight)
+        return mine
 
     def _room(self) -> int:
         """How many requests this connection may accept now, one after the other (`room`)."""
         if self._last_data < self._small_window_until:
             return self._small_window - self._in_flight
         frontend, listen = self.frontend, self.frontend.listen
-        if self._tally.light(self._last_data):
-            return listen.max_in_flight - self._in_flight
-        return room(
-            listen.max_in_flight, listen.in_flight_total, self._in_flight, frontend.in_flight, frontend.busy
+        mine = room(
+            listen.max_in_flight,
+            listen.in_flight_total,
+            self._in_flight,
+            frontend.in_flight,
+            frontend.busy,
+            listen.share_total,
+            frontend.sending(self._last_data),
         )
+        if self._tally.light(self._last_data):
+            return max(mine, listen.max_in_flight - self._in_flight)
+        return mine
 
     def _refuse_run(self, buffer: bytearray, pos: int, size: int, budget: int | None) -> tuple[int, int]:
         """Refuse the complete frames from `pos` on, the window being full, within `budget` frames

@@ -315,7 +315,7 @@ def _one_request_running(served, tmp_path: Path) -> Iterator[tuple[ServerThread,
     """A server allowing 3 in flight, and a greeted connection whose request 0 runs for 0.5 s (it
     holds a place while the test's frames arrive)."""
     root, _ = served
-    config = net_config(config_dict(root), tmp_path, max_in_flight=3)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=3, share_total=False)
     with server_thread(config, HookedFactory(delay_s=0.5)) as srv, raw_connect(srv.unix_url) as sock:
         sock.sendall(hello_frame())
         assert read_frame(sock)["type"] == "hello"
@@ -393,16 +393,49 @@ def test_a_read_of_more_frames_than_a_turn_handles_refuses_none_while_the_window
 def test_room_is_what_the_window_admits_one_request_after_another() -> None:
     """`room` (how many frames of one read a connection may accept) agrees with accepting them one
     by one under `window`, whose even share moves as the connection's own accepts add up."""
-    for max_in_flight, total, mine, in_flight, busy in itertools.product(
-        range(1, 7), range(1, 26), range(0, 8), range(0, 30), range(0, 6)
+    for max_in_flight, total, mine, in_flight, busy, share, sending in itertools.product(
+        range(1, 7), range(1, 26), range(0, 8), range(0, 30), range(0, 6), [True, False], [0, 1, 3]
     ):
         if mine > in_flight or busy > in_flight or (mine > 0 and busy == 0):
             continue
         accepted, ours, everyone, busy_now = 0, mine, in_flight, busy
-        while ours < frontend_module.window(max_in_flight, total, everyone, busy_now):
+        while ours < frontend_module.window(max_in_flight, total, everyone, busy_now, ours, share, sending):
             busy_now += ours == 0
             ours, everyone, accepted = ours + 1, everyone + 1, accepted + 1
-        assert frontend_module.room(max_in_flight, total, mine, in_flight, busy) == accepted
+        room = frontend_module.room(max_in_flight, total, mine, in_flight, busy, share, sending)
+        assert room == accepted
+
+
+def test_a_connection_alone_may_fill_the_total_and_shares_it_as_others_come() -> None:
+    """With share_total, below the total a busy connection's window is its even share of it (at
+    least max_in_flight); at the total the share is at most max_in_flight, as without it."""
+    window = frontend_module.window
+    assert window(8, 32, 0, 0, 0, True) == 32 and window(8, 32, 0, 0, 0, False) == 8
+    assert window(8, 32, 20, 1, 20, True) == 32  # alone
+    assert window(8, 32, 20, 1, 0, True) == 16  # a second connection comes
+    assert window(8, 32, 24, 4, 6, True) == 8  # four busy: max_in_flight, as before
+    assert window(8, 32, 32, 1, 32, True) == 8  # at the total
+    assert frontend_module.room(8, 32, 0, 32, 1, True) == 8  # the newcomer still gets its window
+    assert window(8, 32, 20, 1, 20, True, sending=2) == 16  # a client sends now and then beside it
+
+
+@pytest.mark.parametrize("share_total, window", [(True, 8), (False, 2)])
+def test_a_client_alone_may_fill_the_in_flight_total(
+    served, tmp_path: Path, share_total: bool, window: int
+) -> None:
+    """[listen] share_total: below max_in_flight_total (by default 4 windows of 2 here) a client
+    alone has the whole total for its window, so one pipelining client can keep the executor
+    batching; with it off, max_in_flight binds. Either way the newest frames take the window."""
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2, share_total=share_total)
+    with server_thread(config, HookedFactory(delay_s=0.3)) as srv, raw_connect(srv.unix_url) as sock:
+        sock.sendall(hello_frame())
+        hello = read_frame(sock)
+        assert hello["type"] == "hello" and hello["max_in_flight"] == 2  # the advertised window
+        _flood(sock, 0, 12)  # one write: one read on the server's side
+        answers = _answers(sock, 12)
+    assert sorted(k for k, status in answers.items() if status == "ok") == list(range(12 - window, 12))
+    assert set(answers.values()) == {"ok", "rejected"}
 
 
 def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
@@ -434,7 +467,7 @@ def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_bes
     client's frames stale and leave the executor idle beside a client that cannot keep it busy."""
     monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
     root, _ = served
-    config = net_config(config_dict(root), tmp_path, max_in_flight=16)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=16, share_total=False)
     with _beside_a_polite_client(config) as (srv, busy, _polite):
         for k in range(4):  # 40 frames a read, window 16: at most 24 refused, 16 or more accepted
             _flood(busy, 1_000 + 100 * k, 40)
@@ -610,7 +643,7 @@ def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_
     it got exactly one answer. The window's room went to the newest frame of the read, 99, served
     before the older ones were read."""
     root, _ = served
-    config = net_config(config_dict(root), tmp_path, max_in_flight=1)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=1, share_total=False)
     hello_again = encode_frame({"type": "hello", "version": 1, "id": 50})
     no_id = encode_frame({"type": "infer", "id": "x", "model": "tiny_a"})
     with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
@@ -679,7 +712,7 @@ def test_a_client_a_few_frames_over_its_window_in_every_read_floods_too(
     first is not held for its sake (at 2x load every connection is like this)."""
     monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
     root, _ = served
-    config = net_config(config_dict(root), tmp_path, max_in_flight=2)
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2, share_total=False)
     with server_thread(config) as srv, raw_connect(srv.unix_url) as burst, raw_connect(srv.tcp_url) as steady:
         for sock in (burst, steady):
             sock.sendall(hello_frame())

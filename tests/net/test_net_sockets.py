@@ -138,7 +138,8 @@ def test_requests_beyond_the_in_flight_limit_are_rejected_and_every_id_is_answer
     root, models = served
     xs = models["tiny_a"].random_input(12, seed=8)
     factory = HookedFactory(delay_s=0.2)  # the first three are still running when the rest arrive
-    with server_thread(net_config(config_dict(root), tmp_path, max_in_flight=3), factory) as srv:
+    config = net_config(config_dict(root), tmp_path, max_in_flight=3, share_total=False)
+    with server_thread(config, factory) as srv:
 
         async def main() -> list[Reply]:
             async with await AsyncClient.connect(srv.unix_url, respect_window=False) as client:
