@@ -110,8 +110,8 @@ class ListenConfig:
     # (None: DEFAULT_TOTAL_WINDOWS windows of max_in_flight; see in_flight_total).
     max_in_flight_total: int | None = None
     # Below that total a connection may go past max_in_flight up to its even share of the total
-    # among the connections with requests in flight (a client alone: the whole total), so that
-    # one pipelining client keeps the executor batching; false: max_in_flight binds always.
+    # among the clients sending (a client alone: the whole total), so that one or two pipelining
+    # clients keep the executor batching; false: max_in_flight binds always.
     share_total: bool = True
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_listener: int = DEFAULT_MAX_CONNECTIONS_PER_LISTENER
