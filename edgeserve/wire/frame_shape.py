@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeserve.wire.frames import HEADER, MAX_ID, MAX_MODEL_NAME
+from edgeserve.wire.frames import HEADER, refusal_head
 
 try:  # the same check and answers compiled (setup.py; optional: without a C compiler numpy does it)
     from edgeserve.wire._shapes import refuse as compiled_refuse
@@ -69,9 +69,10 @@ class FrameShape:
     def learn(cls, frame: bytes | bytearray, message: dict[str, Any]) -> FrameShape | None:
         """The shape of `frame` (header included), whose body decoded to `message`; None for a
         frame that is not an infer with a usable id, or whose layout this does not describe."""
-        request_id = message.get("id")
-        if message.get("type") != "infer" or type(request_id) is not int or not 0 <= request_id <= MAX_ID:
+        head = refusal_head(message)  # the id, and the model and priority the refusals echo
+        if head is None:
             return None
+        _, model, priority = head
         data = bytes(frame)
         payload: list[tuple[int, int]] = []
         try:
@@ -93,7 +94,6 @@ class FrameShape:
         columns = np.flatnonzero(structure)
         if len(columns) > MAX_STRUCTURE:
             return None
-        model, priority = message.get("model"), message.get("priority")
         return cls(
             length=len(data),
             columns=columns,
@@ -101,8 +101,8 @@ class FrameShape:
             id_at=id_at,
             id_size=id_size,
             id_sign_at=sign_at,
-            model=model if type(model) is str and len(model) <= MAX_MODEL_NAME else "",
-            priority=priority if type(priority) is int and -(2**31) <= priority < 2**31 else None,
+            model=model,
+            priority=priority,
         )
 
     def same(self, frames: np.ndarray) -> np.ndarray:
