@@ -247,6 +247,7 @@ class OipFrontend:
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
+        self._tensor_specs: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -364,6 +365,15 @@ class OipFrontend:
         manifest = self.server.manifest(model)
         return list(manifest.inputs), list(manifest.exit_outputs(len(manifest.exits) - 1))
 
+    def _specs(self, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """`_tensors(model)`, kept per model: every infer needs them (a model's manifest does not
+        change while the server runs; a reload that would change it is refused)."""
+        specs = self._tensor_specs.get(model)
+        if specs is None:
+            inputs, outputs = self._tensors(model)
+            specs = self._tensor_specs[model] = (tuple(inputs), tuple(outputs))
+        return specs
+
     def _platform(self) -> str:
         return f"edgeserve_{self.server.config.backend.name}"
 
@@ -433,7 +443,7 @@ class OipFrontend:
     def _samples(self, model: str, request: InferRequest) -> list[Sample]:
         """One sample per row of the inputs (a batched input's first dimension is N); 400 naming
         what was expected."""
-        inputs, outputs = self._tensors(model)
+        inputs, outputs = self._specs(model)
         limit = self._max_samples(model) if all(t.batched for t in inputs) else 1
         given = {t.name: t for t in request.inputs}
         if len(given) != len(request.inputs) or sorted(given) != sorted(t.name for t in inputs):
@@ -530,17 +540,17 @@ class OipFrontend:
             detail = results[index].error or status.value
             where = f"sample {index} of {len(results)}: " if len(results) > 1 else ""
             return error_response(HTTP_STATUS[status], f"{status.value}: {where}{detail}")
-        _, specs = self._tensors(model)
-        wanted = {o.name for o in infer.outputs} or {t.name for t in specs}
+        _, specs = self._specs(model)
+        wanted = {o.name for o in infer.outputs} if infer.outputs else None
         tensors = [
             Tensor(t.name, _rows(t, [r.outputs[t.name] if r.outputs else r.output for r in results]))
             for t in specs
-            if t.name in wanted
+            if wanted is None or t.name in wanted
         ]
         parameters: dict[str, Any] = {
             "edgeserve_exit": _joined([r.exit_name for r in results]),
             "edgeserve_exit_index": _joined([r.exit_index for r in results]),
-            "edgeserve_served_by": _joined([getattr(r, "served_by", "local") for r in results]),
+            "edgeserve_served_by": _joined([r.served_by for r in results]),
             "edgeserve_late": any(r.late for r in results),
             "edgeserve_deadline_ms": round((results[0].deadline - results[0].queued) * 1000.0, 3),
         }
@@ -576,7 +586,7 @@ def _config_entry(spec: TensorSpec) -> dict[str, Any]:
 
 def _rows(spec: TensorSpec, values: list[Any]) -> np.ndarray:
     """Per-sample outputs as one tensor: stacked on N when batched, the one sample's otherwise."""
-    arrays = [np.asarray(v) for v in values]
-    if not spec.batched and len(arrays) == 1:
-        return arrays[0]
-    return np.stack(arrays)
+    if len(values) == 1:
+        array = np.asarray(values[0])
+        return array[np.newaxis] if spec.batched else array
+    return np.stack([np.asarray(v) for v in values])

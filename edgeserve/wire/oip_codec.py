@@ -10,6 +10,11 @@ error are cut to CLIP_CHARS (`clip`).
 JSON cannot carry NaN or infinities: a float output holding them is rendered with those elements as
 `null` (as KServe's Python server does), and a `null` in float `data` decodes as NaN. The binary
 tensor extension carries them exactly.
+
+JSON is read and written by orjson, 5-10x faster than the standard library on tensors in JSON (a
+digits image: 256 floats read in 75 us by `json`); whatever orjson refuses goes to the standard
+library, so that what is accepted, what is refused and the error's text stay the standard
+library's (`_loads`, `_dumps`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from edgeserve.errors import EdgeServeError
 
@@ -164,8 +170,51 @@ def _tensor_json(tensor: Tensor, binary: bool, blobs: list[bytes]) -> dict[str, 
     return entry
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in `value` (parameters: a few scalars, perhaps nested)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def _dumps(header: dict[str, Any]) -> bytes:
+    """`json.dumps(header, separators=(",", ":"), allow_nan=False)`, by orjson where the two agree
+    but for how a float is spelled (1e-05 or 1e-5). Tensor data reaches here with its non-finite
+    floats already null; a NaN or an infinity among the parameters (orjson would write null),
+    keys that are not strings, ints past 64 bits or numpy scalars go to the standard library,
+    which writes them or raises as it always did."""
+    entries = (header, *header.get("inputs", ()), *header.get("outputs", ()))
+    if all(_finite(entry.get("parameters")) for entry in entries):
+        try:
+            return orjson.dumps(header)
+        except orjson.JSONEncodeError:
+            pass
+    return json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+
+
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19  # 19 digits in a row: perhaps an int past 64 bits, read as a float by orjson
+
+
+def _loads(text: bytes) -> Any:
+    """`json.loads(text)`, by orjson for the JSON it takes (strict RFC 8259 in UTF-8: the standard
+    library reads it to the same values). The rest goes to the standard library, which decides and
+    explains: NaN literals, other encodings, deep nesting, errors, and any run of 19 digits, since
+    orjson reads an int past 64 bits as a float (a check of ~1 us per KiB)."""
+    if _LONG_NUMBER not in text.translate(_DIGITS):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
 def _message(header: dict[str, Any], blobs: list[bytes]) -> tuple[bytes, dict[str, str]]:
-    text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    text = _dumps(header)
     if not blobs:
         return text, {"Content-Type": JSON_TYPE}
     return text + b"".join(blobs), {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(text))}
@@ -218,7 +267,7 @@ def _split(body: bytes, header_length: str | int | None) -> tuple[dict[str, Any]
         if not 0 < length <= len(body):
             raise OipMessageError(f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes")
     try:
-        header = json.loads(bytes(memoryview(body)[:length]))
+        header = _loads(body if length == len(body) else bytes(memoryview(body)[:length]))
     except (UnicodeDecodeError, ValueError) as exc:
         raise OipMessageError(f"body is not valid JSON ({exc})") from None
     except RecursionError:
@@ -248,7 +297,7 @@ def _flatten(data: Any, where: str, depth: int = 0) -> list[Any]:
     """Row-major values from a flat or nested JSON list (at most MAX_NESTING deep)."""
     if not isinstance(data, list):
         return [data]
-    if all(not isinstance(x, list) for x in data):
+    if list not in set(map(type, data)):  # (JSON's values are of exact types)
         return data
     if depth >= MAX_NESTING:
         raise OipMessageError(f"{where}.data: nested deeper than {MAX_NESTING} lists")
@@ -329,15 +378,19 @@ def _from_json(values: list[Any], datatype: str, count: int, where: str) -> np.n
     dtype = DATATYPES[datatype]
     if dtype.kind == "f" and None in values:  # null: a NaN or infinity rendered to JSON (see above)
         values = [math.nan if v is None else v for v in values]
-    ok_types: tuple[type, ...] = (
-        (bool,) if datatype == "BOOL" else (int, float) if dtype.kind == "f" else (int,)
-    )
-    if not all(isinstance(v, ok_types) and (datatype == "BOOL" or not isinstance(v, bool)) for v in values):
+    # JSON's values are of exact types: a bool is not an int here, nor an int a bool.
+    ok_types = _BOOL_TYPES if datatype == "BOOL" else _FLOAT_TYPES if dtype.kind == "f" else _INT_TYPES
+    if not ok_types.issuperset(map(type, values)):
         raise OipMessageError(f"{where}: 'data' must hold only {datatype} values")
     try:
         return np.asarray(values, dtype=dtype.newbyteorder("="))
     except OverflowError:
         raise OipMessageError(f"{where}: a value in 'data' does not fit {datatype}") from None
+
+
+_BOOL_TYPES = frozenset((bool,))
+_FLOAT_TYPES = frozenset((int, float))
+_INT_TYPES = frozenset((int,))
 
 
 def _decode_tensors(entries: Any, where: str, tail: memoryview) -> list[Tensor]:
