@@ -537,18 +537,25 @@ class Server:
         held_wait = math.ceil(waited / PLAN_LAG_STEP_S) * PLAN_LAG_STEP_S
         floor = min(held_wait + PLAN_FLOOR * (total - held_wait), total)
         plan = max(total - margin_s - self._plan_lag, floor)
-        if self._admit_by_deadline and queue and self._offload is None:
-            # A task at the tail of a FIFO waits about as long as the head has, then its batch
-            # runs (at the shallowest exit at least): that must fit before its planned deadline,
-            # which already leaves the answer's way back (the loop's delays and the front's
-            # margin). A queue shorter than a full batch admits: the task rides in the head's
-            # batch. (With upstreams, work the box cannot serve in time may go upstream instead.)
-            head_waited = now - float(queue.arrivals[0])
-            if head_waited + self._shallowest_s[m] > plan - waited and len(queue) >= self._full_batch[m]:
-                why = f"overloaded: {model!r} cannot answer within this request's deadline now"
-                return self._refuse(model, Status.REJECTED, now, why)
+        # A task at the tail of a FIFO waits about as long as the head has, then its batch runs (at
+        # the shallowest exit at least): with deadline admission that must fit before its planned
+        # deadline, which already leaves the answer's way back (the loop's delays and the front's
+        # margin). A queue shorter than a full batch admits: the task rides in the head's batch.
+        # (With upstreams, work the box cannot serve in time may go upstream instead.) The queue
+        # is read under the lock: the executor thread pops batches from it (`_follow`).
+        by_deadline = self._admit_by_deadline and self._offload is None
         with self._lock:
-            task = self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
+            if (
+                by_deadline
+                and len(queue) >= self._full_batch[m]
+                and now - float(queue.arrivals[0]) + self._shallowest_s[m] > plan - waited
+            ):
+                task = None
+            else:
+                task = self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
+        if task is None:
+            why = f"overloaded: {model!r} cannot answer within this request's deadline now"
+            return self._refuse(model, Status.REJECTED, now, why)
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
         if self._busy and self._offload is not None:

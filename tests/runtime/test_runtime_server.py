@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -712,3 +713,48 @@ def test_deadlines_and_capture_times_at_every_extreme_are_invalid_not_errors(ser
     assert longest.status is Status.OK
     assert hour_old.status is Status.EXPIRED  # within a day of the clock: late, not a bad clock
     assert early.status is Status.OK  # a minute of clock skew ahead: served
+
+
+def test_deadline_admission_reads_the_queue_under_the_lock_the_executor_thread_pops_with(served) -> None:
+    """The executor thread pops the next batch itself (`Server._follow`, holding the server's lock)
+    while the loop admits requests. Admission read the queue's head without that lock, and once in
+    ~100k requests of an HTTP flood the queue emptied between its check and its read: an
+    IndexError, answered HTTP 500. Here a probe on the queue tries the lock from another thread at
+    the moment admission reads the head: it must be held."""
+    _, models = served
+    factory = HookedFactory(delay_s=0.3)
+    x = models["tiny_a"].random_input(1)[0]
+    tried: list[bool] = []
+
+    async def main() -> list[Result]:
+        async with Server(_config(served, admission="deadline"), backend_factory=factory) as server:
+            running = asyncio.ensure_future(server.infer("tiny_a", x))
+            await asyncio.to_thread(factory.backend.entered.wait, 5)  # the executor is busy 0.3 s
+            queued = [asyncio.ensure_future(server.infer("tiny_a", x)) for _ in range(MAX_BATCH)]
+            await asyncio.sleep(0)
+            queue = server._queues[server.models.index("tiny_a")]
+            lock = server._lock
+
+            def try_lock() -> None:  # what the executor thread does as its batch ends
+                took = lock.acquire(timeout=0.05)
+                tried.append(took)
+                if took:
+                    lock.release()
+
+            class Probe(type(queue)):  # type: ignore[misc]
+                __slots__ = ()
+
+                @property
+                def arrivals(self) -> np.ndarray:
+                    thread = threading.Thread(target=try_lock)
+                    thread.start()
+                    thread.join()
+                    return super().arrivals
+
+            queue.__class__ = Probe
+            last = await server.infer("tiny_a", x, deadline_ms=5000)  # a full batch ahead: admission looks
+            return [await running, *await asyncio.gather(*queued), last]
+
+    results = run(main())
+    assert [r.status for r in results] == [Status.OK] * (MAX_BATCH + 2)
+    assert tried == [False]
