@@ -24,7 +24,11 @@ examples:
   edgeserve bench --target http://127.0.0.1:8000 --total-rate 150 --duration 10          # binary tensors
   edgeserve bench --target http://127.0.0.1:8000 --model digits-m --rate 50 --json       # JSON tensors
 
-Violation % = (ok but late + expired + rejected) / answered. Latencies are measured on the client.
+Violation % = (ok but late + expired + rejected) / answered: "late" is the server's verdict.
+Latencies are measured on the client; when more than 1 % of the ok answers came back past their
+deadline though the server had them done in time (this client could not keep up: its requests
+waited for a pooled connection or for its CPU), a `client:` line says how many. ok/s counts from
+the first measured send to the end of the sending or to the last answer, whichever is later.
 Over HTTP, statuses come from the HTTP codes (429 rejected, 504 expired, ...; docs/oip.md) and the
 exit mix and lateness from edgeserve's response parameters; another server's answers count as
 ok with an unknown exit.

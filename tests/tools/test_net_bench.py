@@ -12,7 +12,16 @@ from runtime_support import config_dict, profiled_tiny_repository
 from edgeserve.cli import main as cli_main
 from edgeserve.errors import EdgeServeError
 from edgeserve.loop import run
-from edgeserve.tools.bench import BenchSettings, format_report, run_bench, split_rate, summaries, write_csv
+from edgeserve.tools.bench import (
+    BenchResult,
+    BenchSettings,
+    Record,
+    format_report,
+    run_bench,
+    split_rate,
+    summaries,
+    write_csv,
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +89,18 @@ def test_rates_follow_the_ratios_and_mismatches_are_refused() -> None:
     assert split_rate(["a", "b", "c"], (3, 2, 1), 60) == {"a": 30.0, "b": 20.0, "c": 10.0}
     with pytest.raises(EdgeServeError, match="--ratios has 2 values for 3 models"):
         split_rate(["a", "b", "c"], (1, 1), 60)
+
+
+def test_the_report_says_when_answers_done_in_time_reached_the_client_late() -> None:
+    """viol% is the server's verdict; answers it finished in time that the client got late (its own
+    queue of requests, its CPU) are named on a line of their own."""
+    result = BenchResult(
+        BenchSettings("unix:///x", {"m": 10.0}), {"m": 10.0}, elapsed_s=1.0, slo_ms={"m": 50.0}
+    )
+    result.records = [Record("m", 0.0, latency_ms=5.0, status="ok") for _ in range(90)]
+    assert "client:" not in format_report(result)
+    result.records += [Record("m", 0.0, latency_ms=900.0, status="ok") for _ in range(10)]
+    result.records += [Record("m", 0.0, latency_ms=900.0, status="ok", late=True)]  # the server's verdict
+    report = format_report(result)
+    assert summaries(result)[-1].violation_pct == pytest.approx(100 / 101)
+    assert "client: 10 of 101 ok answers (9.9%) came back past their deadline" in report
