@@ -62,6 +62,7 @@ from edgeserve.wire.frame_shape import FrameShape, FrameShapes
 from edgeserve.wire.frames import (
     HEADER,
     PROTOCOL_VERSION,
+    TOO_MANY_IN_FLIGHT,
     InferRequest,
     InferTable,
     ProtocolError,
@@ -83,7 +84,6 @@ from edgeserve.wire.tensors import encode_tensor
 
 _log = logging.getLogger(__name__)
 
-TOO_MANY_IN_FLIGHT = "too many requests in flight"
 FRAMES_PER_TURN = 32  # frames handled per loop turn before other callbacks run (~0.3 ms of work)
 REFUSALS_PER_FRAME = 8  # refusals past the window count as one frame of that budget (~8x cheaper)
 # Refusals of frames that match one of their connection's learned FrameShapes, checked BLOCK_MIN
@@ -960,16 +960,18 @@ class Connection(asyncio.Protocol):
             self._hello_timer = None
         if self.frontend.listen.idle_timeout_s > 0:
             self._arm_idle_timer(self.frontend.listen.idle_timeout_s)
-        self._send(
-            {
-                "type": "hello",
-                "version": PROTOCOL_VERSION,
-                "server": f"edgeserve {__version__}",
-                "max_frame_bytes": self.frontend.listen.max_frame_bytes,
-                "max_in_flight": self.frontend.listen.max_in_flight,
-                "models": self.frontend.model_table(),
-            }
-        )
+        listen = self.frontend.listen
+        reply: dict[str, Any] = {
+            "type": "hello",
+            "version": PROTOCOL_VERSION,
+            "server": f"edgeserve {__version__}",
+            "max_frame_bytes": listen.max_frame_bytes,
+            "max_in_flight": listen.max_in_flight,
+        }
+        if listen.share_total and listen.in_flight_total > listen.max_in_flight:
+            reply["max_in_flight_total"] = listen.in_flight_total  # what a client alone may fill
+        reply["models"] = self.frontend.model_table()
+        self._send(reply)
 
     def _window(self) -> int:
         """How many requests this connection may have in flight now (`window`); FLOOD_WINDOW after

@@ -8,7 +8,12 @@
 
 Requests are written as soon as they are made, up to the window the server advertises in its
 hello (`max_in_flight`, docs/protocol.md): beyond it a request waits in the client until an answer
-frees a slot, so a burst is queued here instead of answered `rejected` by the server. The
+frees a slot, so a burst is queued here instead of answered `rejected` by the server. A server that
+lets a connection alone fill more (`max_in_flight_total` in its hello, `[listen] share_total`) gets
+more: while requests wait here, the window grows by one every window's worth of answers, up to that
+total; a request past `max_in_flight` that the server refuses for its window ("too many requests in
+flight": refused from its id alone, nothing else of it read) waits here again and the window shrinks
+to what the server let through, for a second. The caller never sees those refusals. The
 connection's protocol resolves each request's future by id as its answer's bytes arrive, in the
 same callback (a StreamReader and a reader task cost one more loop turn per answer), so answers
 may arrive in any order. If the connection drops, every waiting call raises ConnectionError.
@@ -30,13 +35,24 @@ import numpy as np
 
 from edgeserve.errors import EdgeServeError
 from edgeserve.loop import new_event_loop
-from edgeserve.wire.frames import HEADER, PROTOCOL_VERSION, ProtocolError, decode_body, encode_frame
+from edgeserve.wire.frames import (
+    HEADER,
+    PROTOCOL_VERSION,
+    TOO_MANY_IN_FLIGHT,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+)
 from edgeserve.wire.tensors import decode_tensor, encode_tensor
 
 T = TypeVar("T")
 # One request's input: an array, or a map from input name to array (a model with several inputs).
 Sample = np.ndarray | Mapping[str, np.ndarray]
 CLIENT_MAX_FRAME = 256 * 1024 * 1024
+# After the server refused a request past max_in_flight, the window grows again only this much later:
+# clients that share the total then probe it about once a second each, too seldom for the server
+# to take one for a flood (net/frontend.py FLOOD_FRAMES) and shrink its window below max_in_flight.
+REGROW_AFTER_S = 1.0
 
 
 class ServerRefused(EdgeServeError, ConnectionError):
@@ -113,6 +129,10 @@ def connect_failure(target: str, kind: str, address: str, exc: BaseException) ->
         )
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return f"cannot connect to {target}: {reason}: {start}"
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def unknown_served_model(model: str, served: list[str], target: str) -> str:
@@ -226,7 +246,11 @@ class AsyncClient:
         self._closed_error: BaseException | None = None
         self._refusal: ServerRefused | None = None  # the server's error message, before it closes
         self._on_wire = 0  # requests written and not yet answered
-        self._held: deque[bytes] = deque()  # frames waiting for a slot in the window
+        self._held: deque[tuple[int, bytes]] = deque()  # (id, frame) waiting for a slot in the window
+        self._limit = 0  # the window now: from the hello's max_in_flight up to its max_in_flight_total
+        self._grown = 0  # answers since the window last grew
+        self._grow_from = 0.0  # the loop's time before which the window does not grow (after a refusal)
+        self._beyond: dict[int, bytes] = {}  # frames written past max_in_flight, by id: sent again if refused
         self.respect_window = True
         self.hello: dict[str, Any] = {}
 
@@ -286,6 +310,7 @@ class AsyncClient:
         if message.get("type") != "hello":
             raise ServerRefused(f"expected a hello reply, got {message.get('type')!r}")
         self.hello = message
+        self._limit = self.window or 0
 
     def _on_message(self, message: dict[str, Any]) -> None:
         """An answer (or the hello's reply): resolve its future now, in the protocol's callback."""
@@ -299,7 +324,11 @@ class AsyncClient:
         future = self._pending.get(key)
         if future is not None:
             reply = Reply.from_message(message)  # a malformed answer raises while its call still
-            del self._pending[key]  # waits, so that data_received's _fail answers it with the error
+            frame = self._beyond.pop(key, None)  # waits, so that data_received's _fail answers it
+            if frame is not None and reply.status == "rejected" and reply.error == TOO_MANY_IN_FLIGHT:
+                self._refused_beyond(key, frame)
+                return
+            del self._pending[key]
             self._answered()
             if not future.done():
                 future.set_result(reply)
@@ -311,6 +340,7 @@ class AsyncClient:
         if not self._hello.done():
             self._hello.set_result(None)
         self._held.clear()
+        self._beyond.clear()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
@@ -318,26 +348,59 @@ class AsyncClient:
 
     @property
     def window(self) -> int | None:
-        """The most requests the server accepts in flight on this connection (None: it did not say)."""
+        """The most requests the server accepts in flight on this connection whatever the other
+        clients do (None: it did not say)."""
         value = self.hello.get("max_in_flight")
         if not self.respect_window:
             return None
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        return value if _positive_int(value) else None
 
-    def _write_within_window(self, frame: bytes) -> None:
+    @property
+    def window_total(self) -> int | None:
+        """The most this connection may have in flight while the server has room: the hello's
+        max_in_flight_total, else its max_in_flight (None: it did not say)."""
         window = self.window
-        if self._held or (window is not None and self._on_wire >= window):
-            self._held.append(frame)
+        total = self.hello.get("max_in_flight_total")
+        if window is None or not _positive_int(total):
+            return window
+        return max(window, total)
+
+    def _write_within_window(self, request_id: int, frame: bytes) -> None:
+        if self._held or (self.window is not None and self._on_wire >= self._limit):
+            self._held.append((request_id, frame))
             return
+        self._write(request_id, frame)
+
+    def _write(self, request_id: int, frame: bytes) -> None:
+        window = self.window
+        if window is not None and self._on_wire >= window:
+            self._beyond[request_id] = frame
         self._on_wire += 1
         self._connection_write(frame)
 
     def _answered(self) -> None:
         self._on_wire = max(0, self._on_wire - 1)
-        window = self.window
-        while self._held and (window is None or self._on_wire < window):
-            self._on_wire += 1
-            self._connection_write(self._held.popleft())
+        if self.window is None:
+            return
+        total = self.window_total or 0
+        if self._held and self._limit < total:  # more waits here: one more every window's answers
+            self._grown += 1
+            if self._grown >= self._limit and asyncio.get_running_loop().time() >= self._grow_from:
+                self._limit, self._grown = self._limit + 1, 0
+        while self._held and self._on_wire < self._limit:
+            self._write(*self._held.popleft())
+
+    def _refused_beyond(self, request_id: int, frame: bytes) -> None:
+        """The server refused a request written past max_in_flight for its window (other clients
+        share the total now): it waits here again, first, and the window shrinks to what the
+        server let through."""
+        self._on_wire = max(0, self._on_wire - 1)
+        self._limit = max(self.window or 1, self._on_wire)
+        self._grown = 0
+        self._grow_from = asyncio.get_running_loop().time() + REGROW_AFTER_S
+        self._held.appendleft((request_id, frame))
+        while self._held and self._on_wire < self._limit:
+            self._write(*self._held.popleft())
 
     @property
     def models(self) -> dict[str, Any]:
@@ -372,7 +435,7 @@ class AsyncClient:
             message["priority"] = int(priority)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._write_within_window(encode_frame(message))
+        self._write_within_window(request_id, encode_frame(message))
         return future
 
     async def infer(

@@ -36,6 +36,9 @@ except ImportError:  # pragma: no cover - a machine without a C compiler
     _compiled_parse = None
 
 PROTOCOL_VERSION = 1
+# The error text of a request refused because its connection's window was full: refused from its id
+# alone, before anything else was read of it, so a client may send it again (wire/client.py does).
+TOO_MANY_IN_FLIGHT = "too many requests in flight"
 HEADER = struct.Struct(">I")
 MAX_ID = 2**63 - 1
 MAX_MODEL_NAME = 256
