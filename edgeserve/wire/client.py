@@ -380,14 +380,12 @@ class AsyncClient:
 
     def _answered(self) -> None:
         self._on_wire = max(0, self._on_wire - 1)
-        if self.window is None:
-            return
-        total = self.window_total or 0
-        if self._held and self._limit < total:  # more waits here: one more every window's answers
+        total = self.window_total
+        if total is not None and self._held and self._limit < total:  # more waits: one more a window
             self._grown += 1
             if self._grown >= self._limit and asyncio.get_running_loop().time() >= self._grow_from:
                 self._limit, self._grown = self._limit + 1, 0
-        while self._held and self._on_wire < self._limit:
+        while self._held and (total is None or self._on_wire < self._limit):
             self._write(*self._held.popleft())
 
     def _refused_beyond(self, request_id: int, frame: bytes) -> None:
