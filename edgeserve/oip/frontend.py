@@ -359,19 +359,15 @@ class OipFrontend:
         self._model(request)
         return web.Response(status=200 if self.server.accepting else 503)
 
-    def _tensors(self, model: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    def _tensors(self, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         """(inputs, outputs) of one sample; the outputs are the final exit's (every exit answers
-        under these names, see Server)."""
-        manifest = self.server.manifest(model)
-        return list(manifest.inputs), list(manifest.exit_outputs(len(manifest.exits) - 1))
-
-    def _specs(self, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        """`_tensors(model)`, kept per model: every infer needs them (a model's manifest does not
-        change while the server runs; a reload that would change it is refused)."""
+        under these names, see Server). Kept per model: every infer needs them, and a model's
+        manifest does not change while the server runs (a reload that would change it is refused)."""
         specs = self._tensor_specs.get(model)
         if specs is None:
-            inputs, outputs = self._tensors(model)
-            specs = self._tensor_specs[model] = (tuple(inputs), tuple(outputs))
+            manifest = self.server.manifest(model)
+            outputs = manifest.exit_outputs(len(manifest.exits) - 1)
+            specs = self._tensor_specs[model] = (tuple(manifest.inputs), tuple(outputs))
         return specs
 
     def _platform(self) -> str:
@@ -443,7 +439,7 @@ class OipFrontend:
     def _samples(self, model: str, request: InferRequest) -> list[Sample]:
         """One sample per row of the inputs (a batched input's first dimension is N); 400 naming
         what was expected."""
-        inputs, outputs = self._specs(model)
+        inputs, outputs = self._tensors(model)
         limit = self._max_samples(model) if all(t.batched for t in inputs) else 1
         given = {t.name: t for t in request.inputs}
         if len(given) != len(request.inputs) or sorted(given) != sorted(t.name for t in inputs):
@@ -540,7 +536,7 @@ class OipFrontend:
             detail = results[index].error or status.value
             where = f"sample {index} of {len(results)}: " if len(results) > 1 else ""
             return error_response(HTTP_STATUS[status], f"{status.value}: {where}{detail}")
-        _, specs = self._specs(model)
+        _, specs = self._tensors(model)
         wanted = {o.name for o in infer.outputs} if infer.outputs else None
         tensors = [
             Tensor(t.name, _rows(t, [r.outputs[t.name] if r.outputs else r.output for r in results]))

@@ -385,7 +385,11 @@ class AsyncClient:
             self._grown += 1
             if self._grown >= self._limit and asyncio.get_running_loop().time() >= self._grow_from:
                 self._limit, self._grown = self._limit + 1, 0
-        while self._held and (total is None or self._on_wire < self._limit):
+        self._flush(total is None)
+
+    def _flush(self, unlimited: bool = False) -> None:
+        """Write the held requests the window has room for (all of them with the window off)."""
+        while self._held and (unlimited or self._on_wire < self._limit):
             self._write(*self._held.popleft())
 
     def _refused_beyond(self, request_id: int, frame: bytes) -> None:
@@ -397,8 +401,7 @@ class AsyncClient:
         self._grown = 0
         self._grow_from = asyncio.get_running_loop().time() + REGROW_AFTER_S
         self._held.appendleft((request_id, frame))
-        while self._held and self._on_wire < self._limit:
-            self._write(*self._held.popleft())
+        self._flush()
 
     @property
     def models(self) -> dict[str, Any]:
