@@ -310,6 +310,21 @@ def _answers(sock: socket.socket, count: int) -> dict[int, str]:
     return got
 
 
+def _results_while_sending(sock: socket.socket, data: bytes, count: int) -> dict[int, dict[str, Any]]:
+    """Send `data` from another thread (a flood the server reads while it answers) and take
+    `count` results, by id, each exactly once."""
+    sender = threading.Thread(target=sock.sendall, args=(data,))
+    sender.start()
+    answers: dict[int, dict[str, Any]] = {}
+    while len(answers) < count:
+        message = read_frame(sock)
+        assert message is not None and message["type"] == "result", message
+        assert message["id"] not in answers, "an id was answered twice"
+        answers[message["id"]] = message
+    sender.join()
+    return answers
+
+
 @contextlib.contextmanager
 def _one_request_running(served, tmp_path: Path) -> Iterator[tuple[ServerThread, socket.socket]]:
     """A server allowing 3 in flight, and a greeted connection whose request 0 runs for 0.5 s (it
@@ -552,15 +567,7 @@ def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_
     with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
         sock.sendall(hello_frame())
         assert read_frame(sock)["type"] == "hello"
-        sender = threading.Thread(target=sock.sendall, args=(b"".join(frames),))
-        sender.start()
-        answers: dict[int, dict[str, Any]] = {}
-        while len(answers) < len(sent):
-            message = read_frame(sock)
-            assert message is not None and message["type"] == "result", message
-            assert message["id"] not in answers, "an id was answered twice"
-            answers[message["id"]] = message
-        sender.join()
+        answers = _results_while_sending(sock, b"".join(frames), len(sent))
     assert sorted(answers) == sorted(sent)
     for request_id, (model, priority) in sent.items():
         answer = answers[request_id]
@@ -610,15 +617,7 @@ def test_a_flood_whose_frames_vary_in_structure_is_refused_one_by_one_each_once(
     with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
         sock.sendall(hello_frame())
         assert read_frame(sock)["type"] == "hello"
-        sender = threading.Thread(target=sock.sendall, args=(frames,))
-        sender.start()
-        answers: dict[int, dict[str, Any]] = {}
-        while len(answers) < len(ids):
-            message = read_frame(sock)
-            assert message is not None and message["type"] == "result", message
-            assert message["id"] not in answers, "an id was answered twice"
-            answers[message["id"]] = message
-        sender.join()
+        answers = _results_while_sending(sock, frames, len(ids))
     assert sorted(answers) == list(ids)
     refused = 0
     for k, answer in answers.items():
