@@ -2,13 +2,16 @@
 
 Counts run over periods of `period_s` (the frontend's POLITE_S); "lately" is the current period
 and, while it is younger than one period, the one before, so that a count never drops to zero
-just because a period began.
+just because a period began. Another front door on the same server (the HTTP front) is seen the
+same way, as one more client (`PeerFront`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from edgeserve.runtime import FrontendStats
 
 LIGHT_TRACK = 16
 LIGHT_RATIO = 4
@@ -84,3 +87,27 @@ class FloodTally:
         would idle the executor its frames could have used."""
         counts = self.lately(t)
         return counts.full_refused >= ratio * max(counts.full_accepted, 1)
+
+
+@dataclass
+class PeerFront:
+    """Another front door's traffic, read from its FrontendStats, as one more client beside the
+    socket front's connections: a flood is held only while every other client sending is polite
+    (Frontend.polite_others), and without this a polite client over HTTP beside a socket flood
+    was never counted, so the flood was never held for it. Its requests count as accepted, its
+    `rejected` samples as refused; polite while at most one in LIGHT_RATIO was refused lately."""
+
+    stats: FrontendStats
+    tally: FloodTally
+    seen: tuple[int, int] = (0, 0)  # requests and rejected samples at the last look
+    looked: float = -math.inf  # loop time of the last look
+
+    def lately(self, t: float) -> tuple[bool, bool]:
+        """(sent lately, polite) at loop time `t`."""
+        counts = (self.stats.requests, self.stats.by_status.get("rejected", 0))
+        if t - self.looked < 2 * self.tally.period_s:  # else what came since is older than lately
+            self.tally.count(t, counts[0] - self.seen[0], counts[1] - self.seen[1], full=True)
+        self.seen, self.looked = counts, t
+        lately = self.tally.lately(t)
+        sending = lately.accepted > 0
+        return sending, sending and lately.refused * LIGHT_RATIO <= lately.accepted

@@ -42,7 +42,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -53,7 +53,7 @@ from edgeserve import __version__
 from edgeserve.config.server import ListenConfig, ServerConfig
 from edgeserve.manifest import Manifest, TensorSpec
 from edgeserve.net.answer_frames import AnswerFrames, timing_ms
-from edgeserve.net.flood_tally import FloodTally
+from edgeserve.net.flood_tally import FloodTally, PeerFront
 from edgeserve.net.preprocess import PreprocessError, preprocess_frame
 from edgeserve.net.read_lag import PLANNED_MAX_S, ReadLag
 from edgeserve.runtime import FrontendStats, Result, Status
@@ -287,9 +287,12 @@ class ServerPort(Protocol):
 class Frontend:
     """Shared by all connections of one server process: the Server, the limits and the counters."""
 
-    def __init__(self, server: ServerPort, listen: ListenConfig) -> None:
+    def __init__(self, server: ServerPort, listen: ListenConfig, peers: Sequence[FrontendStats] = ()) -> None:
         self.server = server
         self.listen = listen
+        # The other fronts on this server (the HTTP front's stats): their clients count beside the
+        # connections when a flood is to be held for the polite ones (polite_others).
+        self.peers = [PeerFront(stats, FloodTally(POLITE_S)) for stats in peers]
         # Server.enqueue's reply_margin_s: the configured margin for the answer's way to the client,
         # plus the measured wait of a request in its socket before the loop read it (read_lag.py)
         self.reply_margin_s = listen.reply_margin_ms / 1000.0
@@ -383,7 +386,11 @@ class Frontend:
         others = [
             c for c in self.connections if c is not connection and c.greeted and now - c.last_data < 1.0
         ]
-        return len(others), sum(c.polite(now) for c in others)
+        senders, polite = len(others), sum(c.polite(now) for c in others)
+        for peer in self.peers:  # an HTTP front's clients: one more client, polite or not
+            sending, light = peer.lately(now)
+            senders, polite = senders + sending, polite + light
+        return senders, polite
 
     def sending(self, now: float) -> int:
         """How many greeted clients sent in the last SENDING_S (counted again every SENDING_EVERY_S):

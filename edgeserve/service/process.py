@@ -47,15 +47,17 @@ class NetServer:
     ) -> None:
         self.config = load_config(config)
         self.server = Server(self.config, backend_factory=backend_factory)
-        # The socket front: in a process of its own ([listen] front_process), else on this loop.
         listen = self.config.listen
+        # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
+        self.oip = None if listen.http is None else OipFrontend(self.server, listen)
+        # The socket front: in a process of its own ([listen] front_process), else on this loop,
+        # where it also sees the HTTP front's clients when it holds a flood for the polite ones.
+        peers = [] if self.oip is None else [self.oip.stats]
         self.frontend: Frontend | FrontProcess = (
-            FrontProcess(self.server) if listen.front_process else Frontend(self.server, listen)
+            FrontProcess(self.server) if listen.front_process else Frontend(self.server, listen, peers)
         )
         self.listeners: Listeners | None = None
         self._socket_urls: list[str] = []
-        # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
-        self.oip = None if self.config.listen.http is None else OipFrontend(self.server, self.config.listen)
         self.metrics: MetricsEndpoint | None = None  # started when [metrics] listen is set
 
     @property

@@ -1,8 +1,10 @@
-"""FloodTally: what a connection refused and accepted lately, by POLITE_S periods."""
+"""FloodTally: what a connection refused and accepted lately, by POLITE_S periods; PeerFront: the
+HTTP front's clients seen the same way, from its FrontendStats."""
 
 from __future__ import annotations
 
-from edgeserve.net.flood_tally import LIGHT_RATIO, LIGHT_TRACK, FloodTally
+from edgeserve.net.flood_tally import LIGHT_RATIO, LIGHT_TRACK, FloodTally, PeerFront
+from edgeserve.runtime import FrontendStats
 
 
 def test_counts_cover_the_current_period_and_while_it_is_young_the_one_before() -> None:
@@ -44,3 +46,21 @@ def test_a_light_client_has_a_record_of_accepted_requests_and_few_refused() -> N
     counts.refused += 1
     assert not tally.light(0.1)
     assert not tally.light(2.5)  # a record two periods old is forgotten
+
+
+def test_another_front_counts_as_one_client_sending_lately_and_polite_while_few_are_refused() -> None:
+    stats = FrontendStats()
+    peer = PeerFront(stats, FloodTally(period_s=1.0))
+    stats.requests = 500  # before the first look: of unknown age, not "lately"
+    assert peer.lately(0.0) == (False, False)
+    stats.requests += 10 * LIGHT_RATIO
+    assert peer.lately(0.1) == (True, True)
+    stats.by_status["rejected"] = 10  # one refused for every LIGHT_RATIO requests: still polite
+    assert peer.lately(0.2) == (True, True)
+    stats.by_status["rejected"] += 1
+    assert peer.lately(0.3) == (True, False)  # many of its requests refused: its clients flood
+    assert peer.lately(2.4) == (False, False)  # nothing for two periods: not sending
+    stats.requests += 1_000  # sent while nobody looked for longer than lately: not counted
+    assert peer.lately(9.0) == (False, False)
+    stats.requests += 4
+    assert peer.lately(9.1) == (True, True)

@@ -36,6 +36,7 @@ from edgeserve.wire import frames as frames_module
 from edgeserve.wire.client import BlockingClient, ServerRefused
 from edgeserve.wire.frame_shape import FrameShapes
 from edgeserve.wire.frames import HEADER, encode_frame
+from edgeserve.wire.oip_client import OipClient, OipError
 from edgeserve.wire.tensors import encode_tensor
 
 HELLO_BYTES = 4096
@@ -492,6 +493,49 @@ def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_bes
         _flood(busy, 2_000, 1_000)
         assert len(_answers(busy, 1_000)) == 1_000
         assert srv.stats().flood_pauses >= 1
+
+
+def test_a_flood_is_held_for_a_polite_client_over_http_too(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold counts the HTTP front's clients beside the connections (flood_tally.PeerFront):
+    alone, the flood is not held; beside a client sending over HTTP it is, and every frame of it
+    still gets exactly one answer. Before, an HTTP client never counted, and beside a socket flood
+    at 10x its P50 tripled (a 10 ms deadline: 28 % in time, 98 % now)."""
+    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
+    root, _ = served
+    config = net_config(config_dict(root), tmp_path, max_in_flight=2, http="127.0.0.1:0")
+    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood:
+        flood.sendall(hello_frame())
+        assert read_frame(flood)["type"] == "hello"
+        assert len(_results_while_sending(flood, _flood_bytes(1_000, 600), 600)) == 600
+        assert srv.stats().flood_pauses == 0  # nobody else sends: no hold
+
+        url = next(u for u in srv.net.urls if u.startswith("http://"))
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        async def polite() -> None:
+            async with OipClient(url) as client:
+                while not stop.is_set():
+                    try:
+                        reply = await client.infer("tiny_a", {"x": np.zeros((1, 1, 8, 8), np.float32)})
+                        statuses.append(reply.status)
+                    except OipError as exc:
+                        statuses.append(exc.status or -1)
+
+        sender = threading.Thread(target=asyncio.run, args=(polite(),))
+        sender.start()
+        try:
+            _wait_for(lambda: len(statuses) >= 3)
+            answers = _results_while_sending(flood, _flood_bytes(2_000, 3_000), 3_000)
+        finally:
+            stop.set()
+            sender.join(10)
+        assert sorted(answers) == list(range(2_000, 5_000))
+        assert {m["status"] for m in answers.values()} <= {"ok", "rejected"}
+        assert srv.stats().flood_pauses >= 1
+        assert statuses and set(statuses) == {200}
 
 
 def test_a_flood_beside_another_flood_is_not_held(
