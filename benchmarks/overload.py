@@ -1,11 +1,11 @@
 """Overload: in-deadline goodput of `edgeserve serve` under open-loop Poisson load up to 10x capacity.
 
-Starts `edgeserve serve` (the digits models of `make demo` at 3:2:1, ONNX Runtime on one thread, a
-UNIX socket, a TCP port, /metrics) and drives it from a separate load-generator process (spawn,
-uvloop, raw sockets; frames encoded once per model, all requests due at a wake-up in one write;
-in the open loop, replies stamped as they arrive and decoded once the level's sending is over, or
-with `--decode live` decoded as they arrive, as most clients do, which costs the client about
-twice the CPU on the cores it shares with the server).
+Starts `edgeserve serve` (the digits models of `make demo` at 3:2:1, or `--model`s; ONNX Runtime
+on one thread, a UNIX socket, a TCP port, /metrics) and drives it from a separate load-generator
+process (spawn, uvloop, raw sockets; frames encoded once per model, all requests due at a wake-up
+in one write; in the open loop, replies stamped as they arrive and decoded once the level's sending
+is over, or with `--decode live` decoded as they arrive, as most clients do, which costs the client
+about twice the CPU on the cores it shares with the server).
 A closed loop (`--window` in flight per connection, at most the server's window and an even share
 of its in-flight total; `--capacity-seconds`) measures the capacity in
 `ok`/s; then open-loop Poisson load at each of `--levels` times it for `--seconds`, over
@@ -22,7 +22,8 @@ those histograms), client CPU while sending and server CPU (100% = one core), th
 wall time the loop polled while idle (`poll%`, `[backend] idle_poll_us`), the median wait of a
 request in its socket before the front read it as the phase ended (`rdwus`); every rate also as
 a multiple of the capacity. Last, fairness: one connection floods at 10x (`--flood`; `--floods N`
-shares it among N) while another, from a second process, sends at 0.1x.
+shares it among N) while another, from a second process, sends at 0.1x (`--polite http`: over the
+Open Inference Protocol instead, the project's OipClient).
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
@@ -34,6 +35,11 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --connections 16 --no-fairness         # many clients
     .venv/bin/python benchmarks/overload.py --decode live --no-fairness            # a decoding client
     .venv/bin/python benchmarks/overload.py --split 0.7,0.1,0.1,0.1 --flood 3      # uneven clients
+    .venv/bin/python benchmarks/overload.py --levels 1 --polite http --deadline-ms 20  # polite over HTTP
+    edgeserve export --model resnet50 --model resnet101 --model resnet152 --width 0.25 --repository rn
+    edgeserve-profile --threads 1 --repeats 30 --repository rn    # heavier models (SLO 50 ms), then:
+    .venv/bin/python benchmarks/overload.py --repository rn --model resnet50-cifar-w0.25 \
+        --model resnet101-cifar-w0.25 --model resnet152-cifar-w0.25
     edgeserve-profile --backend torch --device cuda --threads 1                    # a GPU box, then:
     .venv/bin/python benchmarks/overload.py --backend torch --device cuda
 """
@@ -68,8 +74,9 @@ from edgeserve.loop import new_event_loop
 from edgeserve.net.listeners import free_ports
 from edgeserve.repository import ModelRepository
 from edgeserve.tools.bench import default_ratios, split_rate
-from edgeserve.tools.demo import DEMO_MODELS, DEMO_SLO_MS
+from edgeserve.tools.demo import DEMO_SLO_MS
 from edgeserve.wire.frames import HEADER, encode_frame, parse_infer
+from edgeserve.wire.oip_client import OipClient, OipError
 from edgeserve.wire.tensors import encode_tensor
 
 STATUS = {"ok": 0, "rejected": 1, "expired": 2}  # anything else (error, invalid, shutdown): 3
@@ -287,6 +294,73 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
     return {"conns": [c.summary(deadlines_s) for c, _ in opened]}
 
 
+async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
+    """An open-loop client of the Open Inference Protocol (the project's OipClient, binary tensors,
+    `deadline_ms` as a request parameter): the fairness case's polite client with `--polite http`.
+    Same messages to the orchestrator as `run_phase`; one summary, as for one connection."""
+    names, seconds, rate = spec["models"], spec["seconds"], spec["http"]["rate"]
+    rng = np.random.default_rng(spec["seed"])
+    times = np.cumsum(rng.exponential(1.0 / rate, int(rate * seconds * 1.5 + 100)))
+    times = times[times < seconds].tolist()
+    models = rng.choice(len(names), size=len(times), p=spec["weights"]).tolist()
+    sent_at: list[float] = []
+    answers: list[tuple[int, int, float]] = []  # (request, status as in STATUS, answered at)
+    statuses = {429: STATUS["rejected"], 504: STATUS["expired"]}
+    async with OipClient(spec["http"]["url"], max_connections=64) as client:
+        inputs = []
+        for k, model in enumerate(names):
+            (tensor,) = (await client.model_metadata(model))["inputs"]
+            shape = [1 if d < 0 else d for d in tensor["shape"]]
+            dtype = f"{tensor['datatype'].lower().replace('fp', 'float')}"  # FP32 -> float32, UINT8 -> uint8
+            x = np.random.default_rng(k).standard_normal(shape).astype(dtype)
+            inputs.append({tensor["name"]: x})
+
+        async def one(i: int, k: int) -> None:
+            parameters = {"deadline_ms": spec["deadlines_ms"][k]}
+            try:
+                await client.infer(names[k], inputs[k], parameters=parameters, timeout_s=30.0)
+                status = STATUS["ok"]
+            except OipError as exc:
+                status = statuses.get(exc.status or 0, 3)
+            answers.append((i, status, time.monotonic()))
+
+        pipe.send(("ready", None))
+        assert pipe.recv() == "go"
+        cpu0, t0 = time.process_time(), time.monotonic()
+        tasks, lag_sum, lag_max = set(), 0.0, 0.0
+        for i, (t, k) in enumerate(zip(times, models, strict=True)):
+            if (wait := t0 + t - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            now = time.monotonic()
+            lag_sum, lag_max = lag_sum + now - t0 - t, max(lag_max, now - t0 - t)
+            sent_at.append(now)
+            task = asyncio.ensure_future(one(i, k))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        pipe.send(("sent", time.monotonic() - t0, time.process_time() - cpu0))
+        if tasks:
+            await asyncio.wait(tasks, timeout=spec["grace"])
+        for task in list(tasks):  # no answer within the grace: lost
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    ids = np.array([a[0] for a in answers], dtype=np.int64)
+    st = np.array([a[1] for a in answers], dtype=np.int64)
+    lat = np.array([a[2] for a in answers]) - np.array(sent_at)[ids] if len(ids) else np.zeros(0)
+    model = np.array(models, dtype=np.int64)[ids]
+    in_time = (st == STATUS["ok"]) & (lat <= (np.array(spec["deadlines_ms"]) / 1e3)[model])
+    by_model = np.bincount(model[in_time], minlength=len(names)).tolist()
+    counts = dict(
+        zip(("ok", "rejected", "expired", "other"), np.bincount(st, minlength=4).tolist(), strict=True)
+    )
+    good = int(in_time.sum())
+    conn = counts | {"sent": len(sent_at), "unsent": 0, "lost": len(sent_at) - len(ids), "in_deadline": good}
+    conn |= {"in_deadline_by_model": by_model, "late": counts["ok"] - good}
+    conn |= {"ok_ms": (lat[st == STATUS["ok"]] * 1e3).astype(np.float32)}
+    return {
+        "conns": [conn | {"lag_mean_ms": 1e3 * lag_sum / max(len(sent_at), 1), "lag_max_ms": 1e3 * lag_max}]
+    }
+
+
 def worker_main(pipe: Connection) -> None:
     """The load-generator process: one phase per spec received, until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the orchestrator's: it ends this process
@@ -294,7 +368,8 @@ def worker_main(pipe: Connection) -> None:
     try:
         while (spec := pipe.recv()) is not None:
             try:
-                pipe.send(("done", loop.run_until_complete(run_phase(spec, pipe))))
+                run = run_http_phase if "http" in spec else run_phase
+                pipe.send(("done", loop.run_until_complete(run(spec, pipe))))
             except Exception as exc:  # the orchestrator raises it
                 pipe.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -478,6 +553,7 @@ def write_config(
         f"unix = {json.dumps(str(sock))}",
         'unix_mode = "0600"',
         f'tcp = "127.0.0.1:{ports[0]}"',
+        *([f'http = "127.0.0.1:{ports[2]}"'] if args.polite == "http" else []),
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
         *([f"max_in_flight_total = {args.max_in_flight_total}"] if args.max_in_flight_total else []),
         *([f"reply_margin_ms = {args.reply_margin_ms}"] if args.reply_margin_ms is not None else []),
@@ -533,6 +609,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--floods", type=int, default=1, help="fairness: connections sharing the flood's rate (default 1)"
     )
+    parser.add_argument(
+        "--polite",
+        choices=("socket", "http"),
+        default="socket",
+        help="fairness: the polite client on a socket connection (TCP), or over HTTP (the Open "
+        "Inference Protocol, OipClient with binary tensors; the server then listens on HTTP too)",
+    )
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
     parser.add_argument("--max-in-flight", type=int, help="[listen] max_in_flight (default: the server's)")
@@ -556,6 +639,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--device", help="[backend] device, e.g. cuda (torch: default cuda if available)")
     parser.add_argument("--repository", type=Path, default=Path("engines"))
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="a model of --repository, at ratios 3:2:1... in the order given (repeatable; default: "
+        "digits-s, digits-m, digits-l)",
+    )
+    parser.add_argument(
+        "--slo-ms", type=float, default=50.0, help="slo_ms of models other than the digits ones (50)"
+    )
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--plot", type=Path, help="goodput vs offered load to this PNG (matplotlib)")
     parser.add_argument("--seed", type=int, default=0)
@@ -564,11 +656,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bounded &= 0 < args.seconds <= 600 and 0 < args.capacity_seconds <= 600 and 0 <= args.pause <= 60
     bounded &= len(args.levels) <= 20 and all(0 < level <= 100 for level in args.levels)
     bounded &= 0 < args.flood <= 100 and 1 <= args.floods <= 64
-    if not bounded or min(args.deadline_ms or 1, args.capacity or 1) <= 0:
+    if not bounded or min(args.deadline_ms or 1, args.capacity or 1, args.slo_ms) <= 0:
         parser.error(
             "bounds: --connections 1..64, --window 1..4096, --seconds/--capacity-seconds (0, 600], --grace "
             "(0, 60], --pause [0, 60], at most 20 --levels in (0, 100], --flood (0, 100], --floods 1..64, "
-            "--deadline-ms/--capacity > 0"
+            "--deadline-ms/--capacity/--slo-ms > 0"
         )
     if args.split is not None:
         if len(args.split) != args.connections or min(args.split) < 0 or sum(args.split) <= 0:
@@ -642,6 +734,12 @@ def sweep(
         rate = args.flood * capacity / args.floods
         flood["conns"] = [{"target": targets[k % len(targets)], "rate": rate} for k in range(args.floods)]
         polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
+        if args.polite == "http":
+            url = f"http://127.0.0.1:{base['http_port']}"
+            polite |= {
+                "conns": [{"target": url, "rate": 0.1 * capacity}],
+                "http": polite["conns"][0] | {"url": url},
+            }
         fair = phase(pipes, [flood, polite], metrics)
         names = ["flood"] * args.floods + ["polite"]
         for name, c, spec in zip(names, fair["conns"], flood["conns"] + polite["conns"], strict=True):
@@ -686,22 +784,24 @@ def verdicts(rows: list[dict[str, Any]], grace: float) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    models = list(DEMO_MODELS)
-    if any(not ModelRepository(args.repository).manifest_path(m).exists() for m in models):
-        print(f"overload: no digits models in {args.repository}: run `make demo` first", file=sys.stderr)
+    models = args.model or list(DEMO_SLO_MS)
+    slos = {m: DEMO_SLO_MS.get(m, args.slo_ms) for m in models}
+    missing = [m for m in models if not ModelRepository(args.repository).manifest_path(m).exists()]
+    if missing:
+        hint = "run `make demo` first" if args.model is None else "export and profile them first"
+        print(f"overload: no model {', '.join(missing)} in {args.repository}: {hint}", file=sys.stderr)
         return 2
-    slos = {m: DEMO_SLO_MS[m] for m in models}
     workdir = Path(tempfile.mkdtemp(prefix="edgeserve-overload-"))  # short: UNIX socket paths are limited
     config, sock, log = workdir / "serve.toml", workdir / "edgeserve.sock", workdir / "serve.log"
-    tcp, metrics_port = free_ports(2)
-    write_config(config, args, slos, sock, [tcp, metrics_port], "all")
+    tcp, metrics_port, http = free_ports(3)
+    write_config(config, args, slos, sock, [tcp, metrics_port, http], "all")
     ratios = default_ratios(len(models))
     base: dict[str, Any] = {"models": models, "weights": [r / sum(ratios) for r in ratios]}
     base["live"] = args.decode == "live"
     base["deadlines_ms"] = [args.deadline_ms or slos[m] for m in models]
     base["targets"] = [f"unix://{sock}", f"tcp://127.0.0.1:{tcp}"] * (args.connections // 2)
     base["targets"] += [f"unix://{sock}"] * (args.connections % 2)
-    base |= {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "grace": args.grace}
+    base |= {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "grace": args.grace, "http_port": http}
     print(
         f"overload: server log {log}; deadline_ms {dict(zip(models, base['deadlines_ms'], strict=True))}; "
         f"late_tasks {args.late_tasks or 'serve (default)'}; admission {args.admission} (closed loop: all)"
@@ -716,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def admit() -> None:
             """Reload the server with the admission under test (SIGHUP), and wait until it has."""
-            write_config(config, args, slos, sock, [tcp, metrics_port], args.admission)
+            write_config(config, args, slos, sock, [tcp, metrics_port, http], args.admission)
             server.send_signal(signal.SIGHUP)
             give_up = time.monotonic() + 30
             while '"reloaded"' not in log.read_text() and "reloaded" not in log.read_text():
