@@ -297,14 +297,14 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
 async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
     """An open-loop client of the Open Inference Protocol (the project's OipClient, binary tensors,
     `deadline_ms` as a request parameter): the fairness case's polite client with `--polite http`.
-    Same messages to the orchestrator as `run_phase`; one summary, as for one connection."""
+    Same messages to the orchestrator as `run_phase`; its sends and answers are recorded in a Conn
+    (never connected) for the same summary."""
     names, seconds, rate = spec["models"], spec["seconds"], spec["http"]["rate"]
     rng = np.random.default_rng(spec["seed"])
     times = np.cumsum(rng.exponential(1.0 / rate, int(rate * seconds * 1.5 + 100)))
     times = times[times < seconds].tolist()
     models = rng.choice(len(names), size=len(times), p=spec["weights"]).tolist()
-    sent_at: list[float] = []
-    answers: list[tuple[int, int, float]] = []  # (request, status as in STATUS, answered at)
+    record = Conn()
     statuses = {429: STATUS["rejected"], 504: STATUS["expired"]}
     async with OipClient(spec["http"]["url"], max_connections=64) as client:
         inputs = []
@@ -322,18 +322,22 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
                 status = STATUS["ok"]
             except OipError as exc:
                 status = statuses.get(exc.status or 0, 3)
-            answers.append((i, status, time.monotonic()))
+            record.ans_id.append(i)
+            record.ans_st.append(status)
+            record.ans_t.append(time.monotonic())
 
         pipe.send(("ready", None))
         assert pipe.recv() == "go"
         cpu0, t0 = time.process_time(), time.monotonic()
-        tasks, lag_sum, lag_max = set(), 0.0, 0.0
+        tasks: set[asyncio.Task[None]] = set()
         for i, (t, k) in enumerate(zip(times, models, strict=True)):
             if (wait := t0 + t - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
             now = time.monotonic()
-            lag_sum, lag_max = lag_sum + now - t0 - t, max(lag_max, now - t0 - t)
-            sent_at.append(now)
+            record.lag_sum += now - t0 - t
+            record.lag_max = max(record.lag_max, now - t0 - t)
+            record.sent_at.append(now)
+            record.model.append(k)
             task = asyncio.ensure_future(one(i, k))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -343,22 +347,7 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
         for task in list(tasks):  # no answer within the grace: lost
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    ids = np.array([a[0] for a in answers], dtype=np.int64)
-    st = np.array([a[1] for a in answers], dtype=np.int64)
-    lat = np.array([a[2] for a in answers]) - np.array(sent_at)[ids] if len(ids) else np.zeros(0)
-    model = np.array(models, dtype=np.int64)[ids]
-    in_time = (st == STATUS["ok"]) & (lat <= (np.array(spec["deadlines_ms"]) / 1e3)[model])
-    by_model = np.bincount(model[in_time], minlength=len(names)).tolist()
-    counts = dict(
-        zip(("ok", "rejected", "expired", "other"), np.bincount(st, minlength=4).tolist(), strict=True)
-    )
-    good = int(in_time.sum())
-    conn = counts | {"sent": len(sent_at), "unsent": 0, "lost": len(sent_at) - len(ids), "in_deadline": good}
-    conn |= {"in_deadline_by_model": by_model, "late": counts["ok"] - good}
-    conn |= {"ok_ms": (lat[st == STATUS["ok"]] * 1e3).astype(np.float32)}
-    return {
-        "conns": [conn | {"lag_mean_ms": 1e3 * lag_sum / max(len(sent_at), 1), "lag_max_ms": 1e3 * lag_max}]
-    }
+    return {"conns": [record.summary(np.array(spec["deadlines_ms"]) / 1e3)]}
 
 
 def worker_main(pipe: Connection) -> None:
