@@ -7,36 +7,72 @@
  *
  * Same decision, bit for bit: it is GuardedStabilityPolicy.decide (guarded.py) for the states that
  * decide nearly every batch under load, with the same arithmetic in the same order as the scorer
- * fast_scoring picks for them (scoring_python.python_candidates where every queue has one budget;
- * reference.reference_candidates' per-task loop for small states that mix budgets: requests with
- * their own deadlines or capture times, and the server's plans as its measured lag steps),
+ * fast_scoring picks for them (scoring_python.python_candidates where every queue has one budget
+ * and the state is small, scoring_deep.deep_candidates where it is not, and where budgets are mixed
+ * in a few runs per queue past the loop's size; reference.reference_candidates' per-task loop for
+ * small states that mix budgets: requests with their own deadlines or capture times, and the
+ * server's plans as its measured lag steps),
  * candidates.choose_exits (rule "safe"), candidates.pick_min and the guard (guarded.none_doomed, then queue_chunks, doomed, unavoidable and the search of
  * GuardedStabilityPolicy._guard: under overload, on a 2-core box, 10-20 % of decisions needed that
  * search, ~90 us each in Python). Compile with -ffp-contract=off (setup.py): a fused multiply-add
- * would round differently. tests/scheduler/test_quick_decide.py compares it with the Python path
- * on random states, exactly.
+ * would round differently. tests/scheduler/test_quick_decide.py, test_deep_scoring.py and
+ * test_deep_runs.py compare it with the Python path on random states and long runs, exactly.
  *
  * decide(queues, models, now, theta, clip, code, batch_cap, small_state, small_loop, tie_rtol,
- *        lookahead_batches, none_doomed_margin, split)
+ *        lookahead_batches, none_doomed_margin, split, dominance, pivot_span, max_runs)
  *   -> (model, exit_id, batch, predicted_s, score) | None: a Dispatch's fields; `split`: the batch
  *      rule "lookahead" (ModelLatency.batch_for cuts the batch), else "max".
  *
- * None whenever the case is not the usual one (a state too big for the plain scorer or the loop, no
- * queued task, anything of an unexpected type): the Python path then decides, as it always could.
- * It reads TaskQueue's slots (_head, _tail, _arrival, _budget, _deadline, _budget_counts) and
- * ModelLatency's max_batch, by_batch, exit_ids, splits and alone_splits.
+ * Deep queues (every queue with one budget, past small_state: a fast GPU's 50 ms deadline is many
+ * batches long, so its queues hold hundreds to thousands of tasks; or budgets mixed past the loop's
+ * size, every queue at most max_runs runs of one budget: a server's planned budget steps):
+ * scoring_deep.deep_candidates, O(runs log n) per candidate and queue from the prefix sums each
+ * TaskQueue keeps per run (_hi, _lo, and each run's row of _runs), which this code extends over the
+ * tasks that arrived since the last decision and rebases as scoring_deep.refresh does (the same
+ * code, the same order: the Dispatch is the Python one's to the bit). So decide() may write _hi,
+ * _lo and the cache fields of _runs' rows, never anything else of the queue.
+ * dominance, pivot_span, max_runs: scoring_deep.DOMINANCE, PIVOT_SPAN and MAX_RUNS.
+ *
+ * None whenever the case is not the usual one (budgets interleaved, past max_runs runs in a queue,
+ * in a state too big for the loop; no queued task; anything of an unexpected type): the Python
+ * path then decides, as it always could. It reads TaskQueue's slots (_head, _tail, _arrival,
+ * _budget, _deadline, _runs, _run_head, _run_tail; and writes _hi, _lo, _runs) and ModelLatency's
+ * max_batch, by_batch, exit_ids, splits and alone_splits.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 
 #define MAX_QUEUES 64
-#define MAX_TASKS 256 /* small_state (200) and small_loop (120) bound the tasks the C path takes */
+#define MAX_TASKS 256 /* small_state (200) and small_loop (120) bound the tasks the copying scorers take */
+#define MAX_RUNS 8    /* the most runs of one budget per queue the deep path takes (scoring_deep.MAX_RUNS) */
+/* TaskQueue._runs: RUN_FIELDS floats per run (queues.py) */
+#define RUN_FIELDS 6
+#define RUN_START 0
+#define RUN_BUDGET 1
+#define RUN_CACHED 2
+#define RUN_PIVOT 3
+#define RUN_ANCHOR 4
+#define RUN_DONE 5
+
+/* One run of one budget of a deep queue: its tasks [start, stop) and its terms (scoring_deep). */
+typedef struct {
+    double *row; /* its floats in the queue's _runs (the cache is written there) */
+    Py_ssize_t start, stop, k0, k1, anchor;
+    double budget, cexp; /* cexp: (now - pivot) / budget */
+} Run;
 
 typedef struct {
     PyObject *queue; /* borrowed from the caller's list */
+    /* the deep path (scoring_deep.py): the queue's _arrival, _hi, _lo, _runs and _deadline, held while deciding */
+    Py_buffer views[5];
+    int n_views;
+    const double *arr; /* every slot of the queue's arrivals (absolute indices, as the cache's) */
+    double *hi, *lo;   /* the runs' compensated prefix sums */
+    Py_ssize_t tail, run_head, n_runs;
+    Run runs[MAX_RUNS];
     Py_ssize_t index, head, n, k, max_batch, size, batch, exit, paper, protective;
-    int uniform; /* one budget (the factorised score); else the per-task loop */
+    int uniform; /* one budget: one run (the factorised score); else runs, or the per-task loop */
     double budget, slack, head_deadline, delta, score;
     double *neg_ys;   /* n values, oldest first: (arrival - now) / budget (first the arrivals) */
     double *suffix;   /* n - k + 1 values: suffix[i - k] = sum of the factors of tasks i..n-1 */
@@ -45,8 +81,8 @@ typedef struct {
     PyObject *by_batch; /* a reference the clean-up releases */
 } Live;
 
-static PyObject *s_head, *s_tail, *s_arrival, *s_budget, *s_deadline, *s_budget_counts, *s_max_batch, *s_by_batch, *s_exit_ids,
-    *s_splits, *s_alone_splits;
+static PyObject *s_head, *s_tail, *s_arrival, *s_budget, *s_deadline, *s_run_head, *s_run_tail, *s_runs, *s_max_batch,
+    *s_by_batch, *s_exit_ids, *s_splits, *s_alone_splits, *s_hi, *s_lo;
 
 static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
     PyObject *value = PyObject_GetAttr(obj, name);
@@ -132,32 +168,32 @@ static Py_ssize_t bisect_right(const double *a, Py_ssize_t n, double x) {
     return lo;
 }
 
-/* A queue of at most `room` tasks: its length, whether it has one budget, its arrivals (into
- * q->neg_ys); 1: empty (skip), 0: read, -1: not a state this file takes. */
-static int read_queue(PyObject *queue, Py_ssize_t room, double *arrivals, Live *q) {
-    Py_ssize_t head, tail;
+/* A queue: its length and its runs of one budget (its arrivals are read once the scorer is
+ * chosen); 1: empty (skip), 0: read, -1: not a state this file takes. */
+static int read_queue(PyObject *queue, Live *q) {
+    Py_ssize_t head, tail, run_head, run_tail;
     if (get_ssize(queue, s_head, &head) < 0 || get_ssize(queue, s_tail, &tail) < 0) return -1;
     q->queue = queue;
     q->head = head;
+    q->tail = tail;
     q->n = tail - head;
     q->k = 0; /* the loop clips nothing ahead (factorise sets it) */
     q->deadlines = NULL; /* read_loop reads them all */
-    if (q->n <= 0 || q->n > room) return q->n == 0 ? 1 : -1;
-    PyObject *counts = PyObject_GetAttr(queue, s_budget_counts);
-    if (counts == NULL) return -1;
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
-    q->uniform = PyDict_Check(counts) && PyDict_GET_SIZE(counts) == 1 && PyDict_Next(counts, &pos, &key, &value);
-    q->budget = q->uniform ? PyFloat_AsDouble(key) : NAN;
-    Py_DECREF(counts);
-    if (PyErr_Occurred()) return -1;
-    q->neg_ys = arrivals;
-    return get_item(queue, s_arrival, head, q->n, arrivals);
+    q->n_views = 0;
+    if (q->n <= 0) return q->n == 0 ? 1 : -1;
+    if (get_ssize(queue, s_run_head, &run_head) < 0 || get_ssize(queue, s_run_tail, &run_tail) < 0) return -1;
+    if (run_tail <= run_head) return -1;
+    q->run_head = run_head;
+    q->n_runs = run_tail - run_head;
+    q->uniform = q->n_runs == 1;
+    q->budget = NAN; /* read where it is needed (factorise; the deep path reads each run's) */
+    return 0;
 }
 
 /* scoring_python.python_candidates' per-queue terms (one budget): -y's, clipped prefix, suffix sums. */
 static int factorise(Live *q, double now, double theta, int code, double *sums) {
     if (get_item(q->queue, s_deadline, q->head, 1, &q->head_deadline) < 0) return -1;
+    if (get_item(q->queue, s_runs, q->run_head * RUN_FIELDS + RUN_BUDGET, 1, &q->budget) < 0) return -1;
     double *ys = q->neg_ys, budget = q->budget, first_arrival = ys[0];
     for (Py_ssize_t i = 0; i < q->n; i++) ys[i] = (ys[i] - now) / budget;
     q->k = bisect_right(ys, q->n, -theta);
@@ -172,6 +208,116 @@ static int factorise(Live *q, double now, double theta, int code, double *sums) 
     }
     q->suffix = sums;
     q->slack = (first_arrival + budget) - now;
+    return 0;
+}
+
+/* scoring_deep.first_above: the first index in [lo, hi) whose (arrival - now) / budget > limit */
+static Py_ssize_t first_above(const double *a, Py_ssize_t lo, Py_ssize_t hi, double now, double budget,
+                              double limit) {
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (limit < (a[mid] - now) / budget)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* A 1-D float64 array attribute of at least `size` items, held in *view (writable if asked). */
+static int hold(PyObject *obj, PyObject *name, Py_buffer *view, int writable, Py_ssize_t size) {
+    PyObject *array = PyObject_GetAttr(obj, name);
+    if (array == NULL) return -1;
+    int rc = PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0));
+    Py_DECREF(array);
+    if (rc < 0) return -1;
+    if (view->ndim == 1 && view->itemsize == 8 && view->format != NULL && strcmp(view->format, "d") == 0 &&
+        view->shape[0] >= size)
+        return 0;
+    PyBuffer_Release(view);
+    return -1;
+}
+
+/* scoring_deep.refresh (the same code, the same order): one run's prefix sums extended to its end,
+ * or rebased; its k0, anchor and cexp. */
+static void run_refresh(Run *r, const double *a, double *hi, double *lo, double now, double theta, double dominance,
+                        double pivot_span) {
+    double *row = r->row, budget = r->budget;
+    Py_ssize_t start = r->start, stop = r->stop;
+    Py_ssize_t k0 = first_above(a, start, stop, now, budget, -theta);
+    double cached = row[RUN_CACHED], pivot = row[RUN_PIVOT];
+    /* the cache's indices; anything else than what the queue and this code write: rebuilt */
+    int sane = row[RUN_ANCHOR] >= 0.0 && row[RUN_ANCHOR] <= (double)stop && row[RUN_DONE] >= 0.0 &&
+               row[RUN_DONE] <= (double)stop;
+    Py_ssize_t anchor = sane ? (Py_ssize_t)row[RUN_ANCHOR] : 0, done = sane ? (Py_ssize_t)row[RUN_DONE] : 0;
+    if (!(sane && cached == budget && anchor <= k0 && k0 <= done && done <= stop &&
+          (a[stop - 1] - pivot) / budget <= pivot_span)) { /* rebuild */
+        anchor = done = k0;
+        pivot = k0 < stop ? a[k0] : now;
+    }
+    for (Py_ssize_t i = done; i < stop; i++) { /* the tasks that arrived since: one exp each */
+        double w = exp((pivot - a[i]) / budget);
+        if (i == anchor) {
+            hi[i] = w;
+            lo[i] = 0.0;
+        } else {
+            double prev = hi[i - 1], sum = prev + w, bb = sum - prev;
+            hi[i] = sum;
+            lo[i] = lo[i - 1] + ((prev - (sum - bb)) + (w - bb));
+        }
+    }
+    if (k0 > anchor && hi[k0 - 1] > dominance * (hi[stop - 1] - hi[k0 - 1])) { /* scoring_deep.shift_down */
+        double base_lo = lo[k0 - 1], minus = -hi[k0 - 1];
+        for (Py_ssize_t i = k0; i < stop; i++) {
+            double prev = hi[i], sum = prev + minus, bb = sum - prev;
+            hi[i] = sum;
+            lo[i] = (lo[i] - base_lo) + ((prev - (sum - bb)) + (minus - bb));
+        }
+        anchor = k0;
+    }
+    row[RUN_CACHED] = budget;
+    row[RUN_PIVOT] = pivot;
+    row[RUN_ANCHOR] = (double)anchor;
+    row[RUN_DONE] = (double)stop;
+    r->k0 = k0;
+    r->anchor = anchor;
+    r->cexp = (now - pivot) / budget;
+}
+
+/* scoring_deep.deep_candidates' per-queue terms: every run's sums brought up to date (run_refresh),
+ * the batch's slack (the least over the runs it spans of their oldest task's deadline, minus now)
+ * and none_doomed's tightest deadline of the look-ahead (likewise). */
+static int deep_refresh(Live *q, double now, double theta, double dominance, double pivot_span, Py_ssize_t lookahead) {
+    static PyObject **names[5] = {&s_arrival, &s_hi, &s_lo, &s_runs, &s_deadline};
+    if (q->n_runs > MAX_RUNS) return -1;
+    for (int v = 0; v < 5; v++) {
+        Py_ssize_t size = v == 3 ? (q->run_head + q->n_runs) * RUN_FIELDS : q->tail;
+        if (hold(q->queue, *names[v], &q->views[v], v == 1 || v == 2 || v == 3, size) < 0) return -1;
+        q->n_views++;
+    }
+    const double *a = q->views[0].buf, *deadline = q->views[4].buf;
+    double *hi = q->views[1].buf, *lo = q->views[2].buf, *rows = q->views[3].buf;
+    Py_ssize_t h = q->head, t = q->tail, served = h + q->batch;
+    Py_ssize_t ahead = h + (q->n < q->size * lookahead ? q->n : q->size * lookahead);
+    q->slack = INFINITY;
+    q->head_deadline = INFINITY;
+    for (Py_ssize_t i = 0; i < q->n_runs; i++) {
+        Run *r = &q->runs[i];
+        r->row = rows + (q->run_head + i) * RUN_FIELDS;
+        double first = r->row[RUN_START], next = i + 1 < q->n_runs ? r->row[RUN_FIELDS + RUN_START] : (double)t;
+        if (!(first >= 0.0 && first < next && next <= (double)t)) return -1; /* not what queues.py writes */
+        r->start = (Py_ssize_t)first > h ? (Py_ssize_t)first : h;
+        r->stop = (Py_ssize_t)next;
+        r->budget = r->row[RUN_BUDGET];
+        if (r->start >= r->stop || isnan(r->budget)) return -1;
+        if (r->start < served && deadline[r->start] - now < q->slack) q->slack = deadline[r->start] - now;
+        if (r->start < ahead && deadline[r->start] < q->head_deadline) q->head_deadline = deadline[r->start];
+        run_refresh(r, a, hi, lo, now, theta, dominance, pivot_span);
+    }
+    if (isnan(q->slack) || isnan(q->head_deadline)) return -1;
+    q->arr = a;
+    q->hi = hi;
+    q->lo = lo;
     return 0;
 }
 
@@ -301,10 +447,31 @@ typedef struct {
 static Move move_of(const Live *c) { return (Move){c->index, c->exit, c->batch, c->delta, c->score}; }
 
 /* GuardedStabilityPolicy._guard once none_doomed has failed; 0, or -1 (the Python path decides). */
+static int guard_with(const Live *live, Py_ssize_t count, const Live *pick, double now, Py_ssize_t lookahead,
+                      double *deadlines, Chunk *chunks, Move *out);
+
 static int guard(const Live *live, Py_ssize_t count, const Live *pick, double now, Py_ssize_t lookahead,
                  Move *out) {
     double deadlines[MAX_TASKS];
     Chunk chunks[MAX_TASKS]; /* each holds at least one task */
+    Py_ssize_t need = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t size = live[i].size, n = live[i].n;
+        if (size > PY_SSIZE_T_MAX / (lookahead > 0 ? lookahead : 1)) return -1;
+        need += n < size * lookahead ? n : size * lookahead;
+    }
+    if (need <= MAX_TASKS) return guard_with(live, count, pick, now, lookahead, deadlines, chunks, out);
+    /* deep queues: the look-ahead's LOOKAHEAD_BATCHES batches of each */
+    double *many = PyMem_Malloc((size_t)need * sizeof(double));
+    Chunk *parts = PyMem_Malloc((size_t)need * sizeof(Chunk));
+    int rc = many && parts ? guard_with(live, count, pick, now, lookahead, many, parts, out) : -1;
+    PyMem_Free(many);
+    PyMem_Free(parts);
+    return rc;
+}
+
+static int guard_with(const Live *live, Py_ssize_t count, const Live *pick, double now, Py_ssize_t lookahead,
+                      double *deadlines, Chunk *chunks, Move *out) {
     Py_ssize_t n_chunks = queue_chunks(live, count, lookahead, deadlines, chunks);
     if (n_chunks < 0) return -1;
     *out = move_of(pick);
@@ -344,11 +511,12 @@ static int guard(const Live *live, Py_ssize_t count, const Live *pick, double no
 
 static PyObject *decide(PyObject *self, PyObject *args) {
     PyObject *queues, *models;
-    double now, theta, clip, tie_rtol, margin;
+    double now, theta, clip, tie_rtol, margin, dominance, pivot_span;
     int code, split;
-    Py_ssize_t batch_cap, small_state, small_loop, lookahead;
-    if (!PyArg_ParseTuple(args, "OOdddpnnndndp", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
-                          &small_state, &small_loop, &tie_rtol, &lookahead, &margin, &split))
+    Py_ssize_t batch_cap, small_state, small_loop, lookahead, max_runs;
+    if (!PyArg_ParseTuple(args, "OOdddpnnndndpddn", &queues, &models, &now, &theta, &clip, &code, &batch_cap,
+                          &small_state, &small_loop, &tie_rtol, &lookahead, &margin, &split, &dominance, &pivot_span,
+                          &max_runs))
         return NULL;
     if (!PyList_Check(queues) && !PyTuple_Check(queues)) Py_RETURN_NONE;
     if (!PyTuple_Check(models) || !isfinite(theta)) Py_RETURN_NONE;
@@ -357,12 +525,12 @@ static PyObject *decide(PyObject *self, PyObject *args) {
 
     Live live[MAX_QUEUES];
     double ys[MAX_TASKS], sums[MAX_TASKS + MAX_QUEUES], budgets[MAX_TASKS], deadlines[MAX_TASKS];
-    Py_ssize_t count = 0, tasks = 0, used = 0;
+    Py_ssize_t count = 0, tasks = 0, used = 0, most_runs = 0;
     int mixed = 0;
     PyObject *result = NULL;
     for (Py_ssize_t i = 0; i < n_queues; i++) {
         Live *q = &live[count];
-        int rc = read_queue(PySequence_Fast_GET_ITEM(queues, i), MAX_TASKS - tasks, ys + tasks, q);
+        int rc = read_queue(PySequence_Fast_GET_ITEM(queues, i), q);
         if (rc < 0) goto fallback;
         if (rc == 1) continue;
         q->index = i;
@@ -376,16 +544,38 @@ static PyObject *decide(PyObject *self, PyObject *args) {
         q->batch = q->n < q->size ? q->n : q->size;
         tasks += q->n;
         mixed |= !q->uniform;
+        if (q->n_runs > most_runs) most_runs = q->n_runs;
     }
-    /* fast_scoring.fast_candidates' choice of scorer: the two this file computes, or Python */
-    if (count == 0 || (mixed ? tasks * count > small_loop : tasks + 3 * count * count > small_state)) goto fallback;
-    for (Py_ssize_t i = 0; i < count; i++) {
+    /* fast_scoring.fast_candidates' choice of scorer: the three this file computes, or Python */
+    int deep = 0, loop = 0;
+    if (count == 0) goto fallback;
+    if (mixed) {
+        if (tasks * count <= small_loop) {
+            if (tasks > MAX_TASKS) goto fallback;
+            loop = 1; /* reference_candidates' per-task loop */
+        } else if (most_runs <= max_runs && max_runs <= MAX_RUNS) {
+            deep = 1; /* a few runs of one budget per queue: scoring_deep, run by run */
+        } else {
+            goto fallback; /* budgets interleaved: numpy's matrix */
+        }
+    } else if (tasks + 3 * count * count > small_state) {
+        deep = 1; /* scoring_deep: the sums the queues keep */
+    } else if (tasks > MAX_TASKS) {
+        goto fallback;
+    }
+    for (Py_ssize_t i = 0, at = 0; i < count; i++) {
         Live *q = &live[i];
-        Py_ssize_t at = q->neg_ys - ys;
-        if (mixed ? read_loop(q, now, lookahead, budgets + at, deadlines + at) < 0
+        if (deep) {
+            if (deep_refresh(q, now, theta, dominance, pivot_span, lookahead) < 0) goto fallback;
+            continue;
+        }
+        q->neg_ys = ys + at;
+        if (get_item(q->queue, s_arrival, q->head, q->n, q->neg_ys) < 0) goto fallback;
+        if (loop ? read_loop(q, now, lookahead, budgets + at, deadlines + at) < 0
                   : factorise(q, now, theta, code, sums + used) < 0)
             goto fallback;
         used += q->n - q->k + 1;
+        at += q->n;
     }
 
     /* choose_exits(rule="safe") */
@@ -413,19 +603,58 @@ static PyObject *decide(PyObject *self, PyObject *args) {
      * the eligible */
     const double e1 = M_E - 1.0;
     Py_ssize_t pool[MAX_QUEUES], n_pool = 0;
+    double largest = 0.0;
     for (Py_ssize_t c = 0; c < count; c++) {
         Live *m = &live[c];
         m->exit = any_safe ? m->paper : m->protective;
         if (!any_safe || m->paper <= m->protective) pool[n_pool++] = c;
         table(m->by_batch, m->batch - 1, m->exit, &m->delta);
+        if (c == 0 || m->delta > largest) largest = m->delta;
+    }
+    for (Py_ssize_t j = 0; deep && j < count; j++) { /* every candidate's clipped prefix lies in [k0, k1] */
+        Live *q = &live[j];
+        for (Py_ssize_t i = 0; i < q->n_runs; i++) {
+            Run *r = &q->runs[i];
+            r->k1 = first_above(q->arr, r->k0, r->stop, now, r->budget, largest / r->budget - theta);
+        }
+    }
+    for (Py_ssize_t c = 0; c < count; c++) {
+        Live *m = &live[c];
         double score = 0.0;
-        for (Py_ssize_t j = 0; mixed && j < count; j++) {
+        for (Py_ssize_t j = 0; loop && j < count; j++) {
             const Live *q = &live[j];
             const double *arrivals = q->neg_ys; /* not factorised: still the arrivals */
             for (Py_ssize_t k = j == c ? m->batch : 0; k < q->n; k++)
                 score += urgency((now - arrivals[k] + m->delta) / q->budgets[k], theta, clip, code);
         }
-        for (Py_ssize_t j = 0; !mixed && j < count; j++) {
+        Py_ssize_t mine = m->head + m->batch; /* the served batch: the queue's first tasks */
+        for (Py_ssize_t j = 0; deep && j < count; j++) { /* scoring_deep.deep_candidates, run by run */
+            const Live *q = &live[j];
+            for (Py_ssize_t i = 0; i < q->n_runs; i++) {
+                const Run *r = &q->runs[i];
+                double shift = m->delta / r->budget;
+                Py_ssize_t clipped = first_above(q->arr, r->k0, r->k1, now, r->budget, shift - theta);
+                Py_ssize_t served = j == c && mine > r->start ? (mine < r->stop ? mine : r->stop) : r->start, first;
+                if (clipped > served) {
+                    score += clip * (double)(clipped - served);
+                    first = clipped;
+                } else {
+                    first = served;
+                }
+                if (first >= r->stop) continue;
+                double pre_hi = 0.0, pre_lo = 0.0;
+                if (first > r->anchor) {
+                    pre_hi = q->hi[first - 1];
+                    pre_lo = q->lo[first - 1];
+                }
+                double total = (q->hi[r->stop - 1] - pre_hi) + (q->lo[r->stop - 1] - pre_lo);
+                if (code)
+                    score += exp(r->cexp + shift - 1.0) * total;
+                else
+                    score += (exp(r->cexp + shift) * total - (double)(r->stop - first)) / e1;
+            }
+        }
+        for (Py_ssize_t j = 0; !loop && !deep && j < count; j++) {
             Live *q = &live[j];
             double shift = m->delta / q->budget;
             Py_ssize_t clipped = bisect_right(q->neg_ys, q->n, shift - theta);
@@ -497,13 +726,16 @@ fallback:
     result = Py_None;
     Py_INCREF(result);
 done:
-    for (Py_ssize_t i = 0; i < count; i++) Py_DECREF(live[i].by_batch);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        for (int v = 0; v < live[i].n_views; v++) PyBuffer_Release(&live[i].views[v]);
+        Py_DECREF(live[i].by_batch);
+    }
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"decide", decide, METH_VARARGS,
-     "The default policy's decision where no queue mixes budgets and the state is small:\n"
+     "The default policy's usual decision (budgets mixed only in a few runs per queue, or a small state):\n"
      "(model, exit_id, batch, predicted_s, score), a Dispatch's fields, or None for the Python path."},
     {NULL, NULL, 0, NULL},
 };
@@ -516,14 +748,18 @@ PyMODINIT_FUNC PyInit__quick(void) {
     s_arrival = PyUnicode_InternFromString("_arrival");
     s_budget = PyUnicode_InternFromString("_budget");
     s_deadline = PyUnicode_InternFromString("_deadline");
-    s_budget_counts = PyUnicode_InternFromString("_budget_counts");
+    s_run_head = PyUnicode_InternFromString("_run_head");
+    s_run_tail = PyUnicode_InternFromString("_run_tail");
+    s_runs = PyUnicode_InternFromString("_runs");
     s_max_batch = PyUnicode_InternFromString("max_batch");
     s_by_batch = PyUnicode_InternFromString("by_batch");
     s_exit_ids = PyUnicode_InternFromString("exit_ids");
     s_splits = PyUnicode_InternFromString("splits");
     s_alone_splits = PyUnicode_InternFromString("alone_splits");
-    if (!s_head || !s_tail || !s_arrival || !s_budget || !s_deadline || !s_budget_counts || !s_max_batch || !s_by_batch ||
-        !s_exit_ids || !s_splits || !s_alone_splits)
+    s_hi = PyUnicode_InternFromString("_hi");
+    s_lo = PyUnicode_InternFromString("_lo");
+    if (!s_head || !s_tail || !s_arrival || !s_budget || !s_deadline || !s_run_head || !s_run_tail || !s_runs ||
+        !s_max_batch || !s_by_batch || !s_exit_ids || !s_splits || !s_alone_splits || !s_hi || !s_lo)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -17,5 +17,8 @@ def decide(
     lookahead_batches: int,
     none_doomed_margin: float,
     split: bool,
+    dominance: float,
+    pivot_span: float,
+    max_runs: int,
     /,
 ) -> tuple[int, int, int, float, float] | None: ...

@@ -43,6 +43,7 @@ from edgeserve.scheduler.decision import Dispatch
 from edgeserve.scheduler.fast_scoring import SMALL_LOOP, SMALL_STATE
 from edgeserve.scheduler.latency import LatencyModel, ModelLatency
 from edgeserve.scheduler.queues import TaskQueue
+from edgeserve.scheduler.scoring_deep import DOMINANCE, MAX_RUNS, PIVOT_SPAN
 from edgeserve.scheduler.stability import StabilityPolicy
 from edgeserve.scheduler.urgency import Urgency
 
@@ -139,6 +140,11 @@ def unavoidable(chunks: list[_Chunk], now: float) -> int:
 class GuardedStabilityPolicy:
     """Stability-safe, overridden only where its pick dooms tasks another first move would save."""
 
+    # Its exit may be lowered where the look-ahead (a few batches a queue) cannot see that a deep
+    # exit makes the tail of a deep queue late (the server's deadline admission, runtime/budget.py
+    # `deepest_kept`); baselines serve the exits that define them.
+    guards_the_tail = True
+
     def __init__(
         self,
         latency: LatencyModel,
@@ -181,6 +187,7 @@ class GuardedStabilityPolicy:
         found = self._compiled(
             queues, self.latency.models, now, theta, clip, code, self.batch_cap or 0, SMALL_STATE,
             SMALL_LOOP, TIE_RTOL, LOOKAHEAD_BATCHES, NONE_DOOMED_MARGIN_S, self.batch_rule == "lookahead",
+            DOMINANCE, PIVOT_SPAN, MAX_RUNS,
         )  # fmt: skip
         return None if found is None else Dispatch(*found)
 

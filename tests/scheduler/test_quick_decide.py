@@ -14,6 +14,7 @@ from edgeserve.profile import ProfileTable
 from edgeserve.scheduler import Dispatch, LatencyModel, TaskQueue, Urgency
 from edgeserve.scheduler.fast_scoring import SMALL_LOOP, SMALL_STATE
 from edgeserve.scheduler.guarded import GuardedStabilityPolicy, compiled_decide
+from edgeserve.scheduler.scoring_deep import MAX_RUNS
 from edgeserve.scheduler.synthetic import paper_gpu_profiles
 
 CPU = Path(__file__).parent / "data" / "cpu" / "t1"
@@ -73,7 +74,7 @@ def test_the_compiled_path_decides_exactly_as_python(
     urgency: Urgency, batch_cap: int | None, batch_rule: str
 ) -> None:
     rng = np.random.default_rng(7)
-    taken = fallbacks = overruled = mixed = 0
+    taken = fallbacks = overruled = mixed = deep = 0
     for latency in _latencies():
         compiled = GuardedStabilityPolicy(latency, urgency, batch_cap=batch_cap, batch_rule=batch_rule)
         python = GuardedStabilityPolicy(
@@ -88,12 +89,16 @@ def test_the_compiled_path_decides_exactly_as_python(
             else:
                 taken += 1
                 mixed += any(queue and queue.uniform_budget is None for queue in queues)
+                live = [queue for queue in queues if queue]
+                deep += sum(map(len, live)) + 3 * len(live) ** 2 > SMALL_STATE  # scoring_deep's sums
                 unguarded = python._inner.decide(queues, now)  # the stability pick, before the guard
                 decision = python.decide(queues, now)
                 overruled += (decision.model, decision.exit) != (unguarded.model, unguarded.exit)
             assert compiled.decide(queues, now) == python.decide(queues, now)  # floats compared exactly
-    print(f"{taken} compiled ({mixed} mixing budgets, {overruled} overruled), {fallbacks} Python")
-    assert taken > 400 and mixed > 100 and overruled > 50 and fallbacks > 50  # every path exercised
+    print(
+        f"{taken} compiled ({mixed} mixing budgets, {deep} deep, {overruled} overruled), {fallbacks} Python"
+    )
+    assert taken > 400 and mixed > 100 and deep and overruled > 50 and fallbacks > 50  # every path exercised
 
 
 @needs_compiled
@@ -109,12 +114,24 @@ def test_the_compiled_path_leaves_to_python_what_it_does_not_cover() -> None:
     assert _compiled(policy, mixed, now) == GuardedStabilityPolicy(latency, compiled=False).decide(mixed, now)
     for k in range(SMALL_LOOP):  # tasks x live queues past SMALL_LOOP
         mixed[2].push(10 + k, now - 0.004 + k * 1e-5, slo)
-    assert _compiled(policy, mixed, now) is None  # past the loop's size: numpy's matrix
+    # past the loop's size, two runs of one budget each: scoring_deep's sums, run by run
+    assert _compiled(policy, mixed, now) == GuardedStabilityPolicy(latency, compiled=False).decide(mixed, now)
+    for k in range(MAX_RUNS):  # budgets interleaved, more runs than MAX_RUNS: numpy's matrix
+        mixed[0].push(3 + k, now - 0.004, slo if k % 2 else slo / 2)
+    assert mixed[0].run_count > MAX_RUNS
+    assert _compiled(policy, mixed, now) is None
 
     big = [TaskQueue() for _ in range(3)]
     for k in range(SMALL_STATE + 1):
         big[1].push(k, now - 0.04 + k * 1e-5, slo)
-    assert _compiled(policy, big, now) is None  # the numpy scorer's size
+    # one budget per queue: past the plain scorer's size the sums the queues keep (scoring_deep)
+    assert _compiled(policy, big, now) == GuardedStabilityPolicy(latency, compiled=False).decide(big, now)
+    big[0].push(1000, now - 0.01, slo)
+    big[0].push(1001, now - 0.005, slo / 2)  # two runs, past the loop's size: still the sums
+    assert _compiled(policy, big, now) == GuardedStabilityPolicy(latency, compiled=False).decide(big, now)
+    for k in range(MAX_RUNS):
+        big[0].push(1002 + k, now - 0.004, slo / (2 + k % 2))  # interleaved: numpy's matrix
+    assert _compiled(policy, big, now) is None
 
     # A head only saved if served first (test_guarded's first case): the guard looks further, and
     # overrules the stability pick (queue 2's long queue) in C as in Python.

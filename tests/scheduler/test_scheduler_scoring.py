@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from edgeserve.scheduler.candidates import pick_min
 from edgeserve.scheduler.fast_scoring import fast_candidates
 from edgeserve.scheduler.latency import LatencyModel, ModelLatency
-from edgeserve.scheduler.queues import TaskQueue
+from edgeserve.scheduler.queues import RUN_CACHED, RUN_FIELDS, TaskQueue
 from edgeserve.scheduler.reference import reference_candidates
 from edgeserve.scheduler.stability import StabilityPolicy
 from edgeserve.scheduler.urgency import Urgency
@@ -77,7 +77,7 @@ def test_fast_methods_match_the_loop_on_random_uniform_budget_states(
     queues = _random_queues(rng, n_models, n_tasks, mixed_budgets=False, now=now)
     urgency = Urgency(form, clip)
     reference = reference_candidates(queues, now, latency, urgency, exit_rule, batch_cap)
-    for method in ("auto", "python", "numpy-factorised", "numpy-direct"):
+    for method in ("auto", "python", "deep", "numpy-factorised", "numpy-direct"):
         _assert_same(reference, fast_candidates(queues, now, latency, urgency, exit_rule, batch_cap, method))
 
 
@@ -111,12 +111,17 @@ def test_factorised_methods_refuse_mixed_budgets_instead_of_answering_wrong() ->
         fast_candidates(queues, 0.02, latency, Urgency(), method="python")
 
 
-def test_large_state_uses_numpy_and_still_matches_the_loop() -> None:
+def test_large_state_uses_the_deep_scorer_and_still_matches_the_loop() -> None:
     rng = np.random.default_rng(11)
     latency = _random_latency(rng, 16)
     queues = _random_queues(rng, 16, 1000, mixed_budgets=False, now=100.0)
     reference = reference_candidates(queues, 100.0, latency, Urgency())
+    cached = [q._runs[q._run_head * RUN_FIELDS + RUN_CACHED] for q in queues if q]
+    assert all(c != c for c in cached)  # nothing cached yet
     _assert_same(reference, fast_candidates(queues, 100.0, latency, Urgency()))
+    cached = [q._runs[q._run_head * RUN_FIELDS + RUN_CACHED] for q in queues if q]
+    assert cached == [q.uniform_budget for q in queues if q]  # auto took scoring_deep
+    _assert_same(reference, fast_candidates(queues, 100.0, latency, Urgency(), method="numpy-factorised"))
 
 
 def test_without_clip_all_scorers_agree_even_when_scores_overflow() -> None:
@@ -166,7 +171,7 @@ def test_a_vanishing_budget_is_scored_clipped_by_every_method_without_overflow(
         queues[1].push(10 + i, now - 0.01 * (5 - i), 0.05)
     urgency = Urgency(form, 10.0)
     reference = reference_candidates(queues, now, latency, urgency)
-    for method in ("auto", "python", "numpy-factorised", "numpy-direct"):
+    for method in ("auto", "python", "deep", "numpy-factorised", "numpy-direct"):
         fast = fast_candidates(queues, now, latency, urgency, method=method)
         assert all(math.isfinite(c.score) for c in fast), method
         _assert_same(reference, fast)
