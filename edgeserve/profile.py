@@ -6,6 +6,7 @@ simulator can draw realistic service times and a person can see how noisy a cell
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ class ProfileTable:
     settings: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     schema_version: int = PROFILE_SCHEMA_VERSION
+    # Set by `edgeserve-profile --import`: where the table came from (source, its model and graphs'
+    # checksum, whether that matched the manifest's, when); None for a table measured here.
+    imported: dict[str, Any] | None = None
 
     def add(self, cell: ProfileCell) -> None:
         self.cells[(cell.exit, cell.batch)] = cell
@@ -97,6 +101,16 @@ class ProfileTable:
             out[e, b - 1] = cell.stats.get(quantile)
         return out
 
+    def scaled(self, factor: float) -> ProfileTable:
+        """The table with every sample `factor` times longer (the emulated backend's `slowdown`):
+        a copy, or this table itself for a factor of 1."""
+        if factor == 1.0:
+            return self
+        table = dataclasses.replace(self, cells={})
+        for cell in self.cells.values():
+            table.add(ProfileCell.from_samples(cell.exit, cell.batch, [s * factor for s in cell.samples_ms]))
+        return table
+
     def noisy_cells(self, cv_threshold: float) -> list[ProfileCell]:
         return [c for c in self.cells.values() if c.stats.cv > cv_threshold]
 
@@ -114,7 +128,7 @@ class ProfileTable:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "schema_version": self.schema_version,
             "model": self.model,
             "exit_names": list(self.exit_names),
@@ -136,6 +150,9 @@ class ProfileTable:
                 for c in sorted(self.cells.values(), key=lambda c: (c.exit, c.batch))
             ],
         }
+        if self.imported is not None:
+            data["imported"] = self.imported
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], origin: str = "profile") -> ProfileTable:
@@ -154,6 +171,7 @@ class ProfileTable:
                 graphs_sha256=str(data["graphs_sha256"]),
                 settings=dict(data.get("settings", {})),
                 created=str(data.get("created", "")),
+                imported=dict(data["imported"]) if data.get("imported") is not None else None,
             )
             for c in data["cells"]:
                 # Statistics are recomputed from the samples: the samples are the truth.

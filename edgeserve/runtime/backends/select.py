@@ -3,7 +3,8 @@
 Backends are imported only when chosen: TensorRT and torch need libraries a CPU box does not have.
 `auto` takes the fastest one this machine can run (TensorRT when it is importable and a GPU is
 visible, else ONNX Runtime on CUDA where that build is installed, else ONNX Runtime on the CPU)
-and records a one-line reason for every one it skipped, for the caller to print.
+and records a one-line reason for every one it skipped, for the caller to print. `auto` never picks
+`emulated` (runs no model: it waits a stored profile's latencies, emulated.py).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def choose_backend(
         return BackendChoice("torch", None, ())
     if name == "onnxruntime":
         return BackendChoice("onnxruntime", given, ())
+    if name == "emulated":
+        return BackendChoice("emulated", None, ())
     skipped = []
     gpu = has_gpu()
     reason = tensorrt_missing(find_spec, gpu)
@@ -126,12 +129,15 @@ def create_backend(
     compose_exits: bool | None = None,
     report: Callable[[str], None] | None = None,
     choice: BackendChoice | None = None,
+    slowdown: float = 1.0,
+    fingerprint: str | None = None,
 ) -> Backend:
     """A backend over `repository`. With name "auto", each skipped backend is passed to `report`.
 
     `precision` picks the TensorRT engines; `device` ("cpu", "cuda", "cuda:1") the torch device;
     `providers` the ONNX Runtime execution providers, `compose_exits` whether ONNX Runtime runs an exit
     as one composed graph (None: for small models). `choice` overrides the probing (tests).
+    `slowdown` and `fingerprint` (a stored profile's key) are the emulated backend's.
     """
     choice = choice or choose_backend(name, providers)
     if report is not None:
@@ -144,6 +150,10 @@ def create_backend(
         return TensorRTBackend(
             repository, precision=precision, device_id=device_id, cuda_graphs=cuda_graphs, warmup=warmup
         )
+    if choice.name == "emulated":
+        from edgeserve.runtime.backends.emulated import EmulatedBackend
+
+        return EmulatedBackend(repository, slowdown=slowdown, fingerprint=fingerprint)
     if choice.name == "torch":
         from edgeserve.runtime.backends.torch import TorchBackend
 

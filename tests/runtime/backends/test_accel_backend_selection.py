@@ -108,9 +108,11 @@ def test_named_onnxruntime_keeps_the_requested_providers() -> None:
 
 
 def test_unknown_backend_lists_the_known_ones(tiny_repository: TinyRepository) -> None:
-    with pytest.raises(BackendUnavailableError, match="available: onnxruntime, tensorrt, torch, auto"):
+    with pytest.raises(
+        BackendUnavailableError, match="available: onnxruntime, tensorrt, torch, emulated, auto"
+    ):
         create_backend("tflite", tiny_repository.repository)
-    assert BACKEND_NAMES == ("onnxruntime", "tensorrt", "torch", "auto")
+    assert BACKEND_NAMES == ("onnxruntime", "tensorrt", "torch", "emulated", "auto")
 
 
 @pytest.mark.skipif(
