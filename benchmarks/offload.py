@@ -1,5 +1,9 @@
 """Offload under load: violation ratio, P95 and the share served upstream, with and without offload.
 
+Violations are judged at the client, as benchmarks/overload.py does: an answer counts as in deadline
+only if it is `ok` and back at this client within the SLO of its send; the server's own view (its
+`late` flag) is printed beside it (`server v%`), since the two differ by the way back.
+
 Two `edgeserve serve` processes on loopback: the local box and an upstream 5 ms away (each way)
 behind `edgeserve.tools.delay_proxy`. The local box serves a small CNN whose shallowest exit already
 costs most of its compute, so the offload rule (offload only what even the shallowest exit
@@ -174,14 +178,22 @@ class Run:
     upstream: list[bool] = field(default_factory=list)
     latency_ms: list[float] = field(default_factory=list)
 
-    def row(self, load: float, mode: str) -> str:
+    def row(self, load: float, mode: str, slo_ms: float) -> str:
+        """Violations judged at the client (not `ok`, or back after the SLO from its send, as
+        overload.py judges them), then the server's own view (not `ok`, or its `late` flag) beside:
+        the two disagree by the time an answer spends between the server and this client."""
         n = len(self.statuses)
-        bad = sum(1 for s, late in zip(self.statuses, self.late, strict=True) if s != "ok" or late)
-        ok = [ms for ms, s in zip(self.latency_ms, self.statuses, strict=True) if s == "ok"]
+        answers = list(zip(self.statuses, self.late, self.latency_ms, strict=True))
+        client_bad = sum(1 for s, _, ms in answers if s != "ok" or ms > slo_ms)
+        server_bad = sum(1 for s, late, _ in answers if s != "ok" or late)
+        ok = [ms for s, _, ms in answers if s == "ok"]
         p95 = float(np.percentile(ok, 95)) if ok else math.nan
         share = 100.0 * sum(self.upstream) / max(n, 1)
-        viol = 100.0 * bad / max(n, 1)
-        return f"{load:5.2f} {mode:8s} {viol:7.2f} {p95:8.1f} {share:10.1f} {n:6d}/{self.sent:<6d}"
+        viol, server_viol = 100.0 * client_bad / max(n, 1), 100.0 * server_bad / max(n, 1)
+        return (
+            f"{load:5.2f} {mode:8s} {viol:7.2f} {p95:8.1f} {server_viol:9.2f} {share:10.1f} "
+            f"{n:6d}/{self.sent:<6d}"
+        )
 
 
 async def send(target: str, times: np.ndarray, inputs: np.ndarray, warmup_s: float) -> Run:
@@ -289,7 +301,11 @@ def main() -> int:
         f"{os.cpu_count()} cores"
     )
     print()
-    print(" load mode      viol %   P95 ms  upstream %  answered/sent")
+    print(
+        "viol %: not ok or back past the SLO at this client; P95: of the ok answers at this client; "
+        "server viol %: not ok or `late` by the server's own clock (its view, for comparison)"
+    )
+    print(" load mode      viol %   P95 ms  server v%  upstream %  answered/sent")
     try:
         for load in args.loads:
             rng = np.random.default_rng([args.seed, int(load * 1000)])
@@ -304,7 +320,7 @@ def main() -> int:
                     run = asyncio.run(send(child.url("tcp://"), times, inputs, warmup_s=0.8))
                 finally:
                     child.stop()
-                print(run.row(load, mode), flush=True)
+                print(run.row(load, mode, args.slo_ms), flush=True)
     finally:
         upstream.stop()
         proxy.terminate()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -173,12 +174,15 @@ class Tally:
     late: int = 0
     failed: int = 0  # the connection broke before the answer
     pending: set[asyncio.Future[Reply]] = field(default_factory=set)
+    past_slo: int = 0  # `ok` answers back at this client after the SLO from their send (its view)
 
     @property
     def answered(self) -> int:
         return sum(self.by_status.values())
 
-    def record(self, future: asyncio.Future[Reply]) -> None:
+    def record(
+        self, future: asyncio.Future[Reply], sent_at: float = math.inf, slo_s: float = math.inf
+    ) -> None:
         self.pending.discard(future)
         if future.cancelled() or future.exception() is not None:
             self.failed += 1
@@ -186,6 +190,7 @@ class Tally:
         reply = future.result()
         self.by_status[reply.status] += 1
         self.late += reply.status == "ok" and reply.late
+        self.past_slo += reply.status == "ok" and time.monotonic() - sent_at > slo_s
 
 
 @dataclass(frozen=True)
@@ -200,13 +205,14 @@ async def _arrivals(
     client: AsyncClient, model: str, rate: float, pool: list[np.ndarray], end: float, tally: Tally, seed: int
 ) -> None:
     draw = random.Random(seed)
+    slo_s = float(client.models[model]["slo_ms"]) / 1000.0
     due = time.monotonic() + draw.expovariate(rate)
     while due < end:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
         future = client.send(model, pool[draw.randrange(len(pool))])
         tally.sent += 1
         tally.pending.add(future)
-        future.add_done_callback(tally.record)
+        future.add_done_callback(functools.partial(tally.record, sent_at=time.monotonic(), slo_s=slo_s))
         due += draw.expovariate(rate)
 
 
@@ -304,6 +310,7 @@ def summarize(tally: Tally, samples: list[Sample], final: Scrape, warmup_s: floa
     server = {k: final.by_status.get(k, 0) for k in STATUSES}
     runtime = {k: final.runtime_by_status.get(k, 0) for k in STATUSES}
     violations = tally.by_status.get("expired", 0) + tally.late
+    at_client = tally.answered - tally.by_status.get("ok", 0) + tally.past_slo
     steady = [s for s in samples if s.t_s >= warmup_s] or samples
     lines = [
         "",
@@ -317,6 +324,9 @@ def summarize(tally: Tally, samples: list[Sample], final: Scrape, warmup_s: floa
         f"deadline violations: {violations} of {tally.answered} answered = "
         f"{100 * violations / max(tally.answered, 1):.3f}% (late ok + expired; server counted "
         f"{final.violations})",
+        f"judged at this client: {at_client} of {tally.answered} answered = "
+        f"{100 * at_client / max(tally.answered, 1):.3f}% (not ok, or ok but back past the SLO from its "
+        "send, as benchmarks/overload.py judges; the line above is the server's view)",
     ]
     if steady:
         first, last = steady[0], steady[-1]

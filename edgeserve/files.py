@@ -20,7 +20,7 @@ def read_json_object(path: Path, error: type[EdgeServeError], what: str, fix: st
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}): "
+            f"{path}: not valid JSON ({exc.msg.removesuffix(' at')} at line {exc.lineno}): "
             f"the file is truncated or corrupt; {fix}"
         ) from None
     if not isinstance(data, dict):

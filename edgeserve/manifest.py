@@ -152,6 +152,9 @@ class Manifest:
     accuracy_dataset: str | None = None
     source: dict[str, str] = field(default_factory=dict)
     schema_version: int = MANIFEST_SCHEMA_VERSION
+    # False: a sample's answer depends on the others in its batch (a graph that normalises over the
+    # batch axis, pads to the longest sample, runs NMS over the batch): served one sample at a time.
+    batch_invariant: bool = True
 
     @property
     def input(self) -> TensorSpec:
@@ -167,9 +170,10 @@ class Manifest:
 
     @property
     def max_batch(self) -> int | None:
-        """The largest batch the graphs take: `batch`, 1 when a tensor is unbatched, else None."""
+        """The largest batch the graphs take: `batch`, 1 when a tensor is unbatched or the answers
+        depend on the batch (`batch_invariant` False), else None."""
         tensors = [*self.inputs, *(t for s in self.stages for t in s.outputs)]
-        if any(not t.batched for t in tensors):
+        if any(not t.batched for t in tensors) or not self.batch_invariant:
             return 1
         return self.batch
 
@@ -204,6 +208,7 @@ class Manifest:
             "class_names": None if self.class_names is None else list(self.class_names),
             "accuracy_dataset": self.accuracy_dataset,
             "source": dict(self.source),
+            **({} if self.batch_invariant else {"batch_invariant": False}),
         }
 
     def to_json(self) -> str:
@@ -218,6 +223,8 @@ class Manifest:
         parts = [json.dumps(t.to_dict(), sort_keys=True) for t in self.inputs]
         if self.batch is not None:
             parts.append(f"batch:{self.batch}")
+        if not self.batch_invariant:
+            parts.append("one sample at a time")
         parts += [f"{s.index}:{s.path}:{s.sha256}" for s in self.stages]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
@@ -263,6 +270,7 @@ class Manifest:
                 accuracy_dataset=data.get("accuracy_dataset"),
                 source=dict(data.get("source", {})),
                 schema_version=MANIFEST_SCHEMA_VERSION,
+                batch_invariant=bool(data.get("batch_invariant", True)),
             )
         except KeyError as exc:
             raise RepositoryError(f"{origin}: manifest lacks the key {exc.args[0]!r}") from exc
@@ -314,11 +322,32 @@ class Manifest:
 
     @classmethod
     def load(cls, path: Path) -> Manifest:
-        fix = "re-export the model with `edgeserve export` (see `edgeserve export --help`)"
+        fix = _remake_fix(path)
         return cls.from_dict(read_json_object(path, RepositoryError, "manifest", fix), origin=str(path))
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.to_json())
+
+
+def _remake_fix(path: Path) -> str:
+    """How to write the manifest at `path` again: `edgeserve import ... --force` for a model that
+    was imported (its `imported_from` is still readable in the damaged text), else `edgeserve export`."""
+    import re
+
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        text = ""
+    found = re.search(r'"imported_from"\s*:\s*"((?:[^"\\]|\\.)+)"', text)
+    if found is None:
+        return "re-export the model with `edgeserve export` (see `edgeserve export --help`)"
+    import shlex
+
+    source = found.group(1).replace("\\\\", "\\")
+    return (
+        f"import it again: `edgeserve import {shlex.quote(source)} --name {shlex.quote(path.parent.name)} "
+        f"--repository {shlex.quote(str(path.parent.parent))} --force`"
+    )
 
 
 def _tensor(data: dict[str, Any]) -> TensorSpec:

@@ -332,6 +332,7 @@ def infer(
             f"output(s) {', '.join(fixed_outs)} have no batch dimension: served one sample at a time"
         )
     check_batch = (CHECK_BATCH if batch is None else batch) if model_batched else None
+    invariant = True
     if check:
         feeds = random_inputs(specs, full, check_batch or 1, seed, values)
         try:
@@ -339,6 +340,14 @@ def infer(
         except Exception as exc:
             raise _run_failure(path, exc, feeds, values) from None
         outs = _check_outputs(outs, outputs, results, check_batch, notes)
+        if model_batched and batch is None and check_batch and all(o.batched for o in outs):
+            dependence = batch_dependence(sess, feeds, results, [o.name for o in outs])
+            if dependence is not None:
+                invariant = False
+                notes.append(
+                    f"answers depend on the batch: {dependence}; served one sample at a time (as "
+                    f"`max_batch = 1`), so that a client's answer never depends on who else sent"
+                )
     if not model_batched:
         notes.append("served one sample at a time: " + _unbatched_reason(inputs, batched_in))
     elif batch is not None:
@@ -360,9 +369,43 @@ def infer(
         num_classes=None,
         batch=batch,
         source=dict(source or {}),
+        batch_invariant=invariant,
     )
     manifest.validate(str(path))
     return Inference(manifest, inputs, outputs, full, check_batch, notes)
+
+
+BATCH_ATOL = 1e-4  # answers alone and in a batch that differ by more: the model is not batch-invariant
+BATCH_RTOL = 1e-4
+
+
+def batch_dependence(
+    sess: Any, feeds: Mapping[str, np.ndarray], together: Sequence[Any], names: Sequence[str]
+) -> str | None:
+    """Run each sample of the batch `feeds` alone and compare with its row of `together` (the
+    batch's outputs): None when every answer is the same (within BATCH_ATOL/RTOL), else what differs.
+    Catches a graph that normalises over the batch axis, pads every sample to the longest of the batch
+    or runs NMS over the whole batch."""
+    count = len(next(iter(feeds.values())))
+    for i in range(count):
+        alone = sess.run(None, {k: v[i : i + 1] for k, v in feeds.items()}, quiet_run())
+        for name, row, single in zip(names, together, alone, strict=True):
+            mine, theirs = np.asarray(single)[0], np.asarray(row)[i]
+            if mine.shape != theirs.shape:
+                return (
+                    f"output {name!r} of sample {i} is shaped {list(mine.shape)} alone and "
+                    f"{list(theirs.shape)} beside {count - 1} other sample(s)"
+                )
+            if mine.dtype.kind in "fc":
+                if not np.allclose(mine, theirs, atol=BATCH_ATOL, rtol=BATCH_RTOL, equal_nan=True):
+                    worst = float(np.nanmax(np.abs(mine.astype(np.float64) - theirs.astype(np.float64))))
+                    return (
+                        f"output {name!r} of sample {i} differs by up to {worst:.3g} between alone and "
+                        f"beside {count - 1} other sample(s)"
+                    )
+            elif not np.array_equal(mine, theirs):
+                return f"output {name!r} of sample {i} differs between alone and beside {count - 1} other(s)"
+    return None
 
 
 def _unbatched_reason(inputs: Sequence[GraphTensor], batched: Sequence[bool]) -> str:

@@ -54,7 +54,9 @@ async def run_streams(streams: Sequence[CameraStream], *, stats_every_s: float =
         await asyncio.gather(*tasks, return_exceptions=True)
         for sig in installed:
             loop.remove_signal_handler(sig)
-        log_summary(streams, time.monotonic() - started, final=True)
+        # A set-up error before any frame came in: its sentence alone, not an all-zero summary first.
+        if error is None or any(s.stats.frames_in or s.stats.sent for s in streams):
+            log_summary(streams, time.monotonic() - started, final=True)
     if error is not None:
         raise error
 

@@ -104,7 +104,12 @@ def preprocess_problem(
         if len(values) not in (1, channels):
             return (
                 f"{key}.{field_name} has {len(values)} values but model {name!r} takes {channels} channel(s) "
-                f"(input {list(shape)}): give 1 value or {channels}"
+                f"(input {list(shape)}): "
+                + (
+                    f"give 1 value or {channels}"
+                    if channels != 1
+                    else f"give 1 value, e.g. {field_name} = [{values[0]}]"
+                )
             )
     return None
 
@@ -131,3 +136,26 @@ def check_preprocess(models: Mapping[str, Any], repository: Any) -> None:
         )
         if problem is not None:
             raise ConfigError(problem)
+
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")
+
+
+def port_clash(addresses: dict[str, tuple[str, int] | None]) -> str | None:
+    """Two listeners of one config on the same port (and overlapping hosts): the second could
+    never bind, and the error would blame another program. The sentence for the first pair, or None."""
+    seen: list[tuple[str, str, int]] = []
+    for key, address in addresses.items():
+        if address is None or address[1] == 0:  # port 0: the OS picks a free one
+            continue
+        host, port = address
+        for other_key, other_host, other_port in seen:
+            shared = host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS
+            if port == other_port and shared:
+                return (
+                    f'{key} "{host}:{port}" is the port of {other_key} "{other_host}:{other_port}" in the '
+                    f"same config: two listeners cannot share a port; give {key} a port of its own "
+                    f'(e.g. "{host}:{port + 1}")'
+                )
+        seen.append((key, host, port))
+    return None

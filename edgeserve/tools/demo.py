@@ -135,6 +135,17 @@ METRICS_SHOWN = (
 )
 
 
+# A child that ended on Ctrl-C: its own `interrupted` (130) or killed by the SIGINT itself.
+INTERRUPTED = (130, -signal.SIGINT)
+
+
+def _interrupted(code: int) -> int:
+    """`code`, unless the child ended on Ctrl-C: then the demo is interrupted too (exit 130)."""
+    if code in INTERRUPTED:
+        raise KeyboardInterrupt
+    return code
+
+
 def _bench_argv(target: str, *options: str) -> list[str]:
     return [str(Path(sys.executable).parent / "edgeserve"), "bench", "--target", target, *options]
 
@@ -145,6 +156,7 @@ def _capacity(number: int, what: str, target: str) -> float | None:
     _show(number, f"measure what this box can take over {what} right now (closed loop)", argv)
     done = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
     print(done.stdout, end="", flush=True)
+    _interrupted(done.returncode)
     match = re.search(r"capacity (\d+(?:\.\d+)?) requests/s", done.stdout)
     return float(match.group(1)) if done.returncode == 0 and match else None
 
@@ -165,7 +177,7 @@ def _bench(number: int, what: str, target: str, out: Path, rate: float, duration
     )
     _show(number, f"drive Poisson traffic (3:2:1) over {what} and report deadline violations", bench)
     t0 = time.perf_counter()
-    code = subprocess.call(bench)
+    code = _interrupted(subprocess.call(bench))
     print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
     return code
 
@@ -211,7 +223,11 @@ def serve_and_bench(
     serve = [str(bindir / "edgeserve"), "serve", "--config", str(config)]
     _show(number, f"start the server: UNIX socket, HTTP, metrics (log: {log_path})", serve, background=True)
     with log_path.open("w") as log:
-        server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=log, text=True)
+        # Its own session: Ctrl-C reaches the demo and its bench, not the server, which the demo
+        # stops itself below (else the bench's last words were "the server closed the connection").
+        server = subprocess.Popen(
+            serve, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+        )
     step = number + 1
     try:
         ready = _wait_ready(server, READY_TIMEOUT_S)
@@ -289,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     for number, step in enumerate(all_steps, start=1):
         _show(number, step.title, step.argv)
         t0 = time.perf_counter()
-        code = subprocess.call(step.argv)
+        code = _interrupted(subprocess.call(step.argv))
         if code != 0:
             print(f"demo: step {number} failed with exit code {code} (its message is above)", file=sys.stderr)
             return code

@@ -6,6 +6,8 @@ import argparse
 import concurrent.futures
 import sys
 import time
+from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ examples:
   edgeserve send --target unix:///run/edgeserve.sock --model digits-m --synthetic 5
   edgeserve send --target tcp://127.0.0.1:7070 --model digits-m --npy samples.npy --deadline-ms 20
   edgeserve send --target unix:///run/edgeserve.sock --model digits-m --image frame.jpg --capture-now
+  edgeserve send --target unix:///run/edgeserve.sock --model digits-m --npy samples.npy --out answers.npz
+  edgeserve send --target unix:///run/edgeserve.sock --model digits-m --synthetic 2 --full
 
 --npz takes one array per input, named as the model's inputs (the hello reply lists them; numpy.savez
 names them with keywords), each one sample or a stack of N; an input without a batch dimension is given
@@ -22,10 +26,14 @@ whole and repeated for every sample.
 (float64 from numpy) is converted to the model's with a note; uint8 arrays shaped (H, W, C) are sent
 as camera frames. --image decodes a picture (needs Pillow) to uint8 in the channels the server's
 [models.<name>.preprocess] table names (rgb, bgr or gray) and sends it as a camera frame.
-At most the server's window (hello max_in_flight, listen.max_in_flight) is in flight at once; the
-rest wait in the client, so a long --synthetic run is not answered `rejected`.
+At most the server's window (hello max_in_flight_total, else max_in_flight) is in flight at once, and
+--synthetic makes each input only when a slot frees: any N runs in constant memory, never `rejected`
+for the window.
 One line per answer: id, status, exit, top-1 class and its logit (for a model whose output is one vector
-of class scores; else each output's name and shape), client latency.
+of class scores; else each output's name and shape), client latency. --full prints every output's
+values under its line; --out FILE saves them: FILE.npz (arrays named r<k> for the k-th input, or
+r<k>.<output> for a model with several outputs; numpy.load reads it) or FILE.jsonl (one JSON object per
+answer: id, status, exit, late, ms, error and outputs as nested lists).
 """
 
 
@@ -52,6 +60,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--capture-now", action="store_true", help="send capture_ts = now instead of a budget"
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answers")
+    parser.add_argument("--full", action="store_true", help="print every output's values under its line")
+    parser.add_argument(
+        "--out", type=Path, metavar="FILE", help="save the answers' outputs: FILE.npz or FILE.jsonl"
+    )
     parser.set_defaults(func=run)
 
 
@@ -83,14 +95,15 @@ def _image(path: Path, camera: dict[str, Any] | None, model: str) -> list[Any]:
     return [np.ascontiguousarray(frame[:, :, ::-1]) if channels == "bgr" else frame]
 
 
-def _inputs(args: argparse.Namespace, spec: dict[str, Any]) -> list[Any]:
+def _inputs(args: argparse.Namespace, spec: dict[str, Any]) -> Iterable[Any]:
     import numpy as np
 
     from edgeserve.errors import InputError
     from edgeserve.tools.bench import synthetic_inputs
 
-    if args.synthetic is not None:
-        return synthetic_inputs(spec, args.synthetic, np.random.default_rng(0))
+    if args.synthetic is not None:  # one at a time, as slots free: constant memory whatever N
+        rng = np.random.default_rng(0)
+        return (synthetic_inputs(spec, 1, rng)[0] for _ in range(args.synthetic))
     if args.npz is not None:
         return _npz(args.npz, spec)
     if spec.get("input") is None:
@@ -188,6 +201,68 @@ def check_args(args: argparse.Namespace) -> None:
         require_module("PIL", "--image")
     if args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout:g}: must be positive")
+    if args.out is not None:
+        if args.out.suffix not in (".npz", ".jsonl"):
+            raise InputError(
+                f"--out {args.out}: give a file ending in .npz (numpy arrays) or .jsonl (JSON lines)"
+            )
+        if not args.out.parent.is_dir():
+            raise InputError(f"--out {args.out}: no directory {args.out.parent}; create it first")
+
+
+class _Saver:
+    """--out: each answer's outputs written as it comes (a .npz written entry by entry, or JSON
+    lines), so that memory stays constant whatever the count."""
+
+    def __init__(self, path: Path) -> None:
+        import zipfile
+
+        self.path = path
+        self._zip = zipfile.ZipFile(path, "w") if path.suffix == ".npz" else None
+        self._lines = None if self._zip is not None else path.open("w", encoding="utf-8")
+
+    def add(self, k: int, reply: Any, ms: float) -> None:
+        import json
+
+        import numpy as np
+
+        outputs = reply.outputs or ({} if reply.output is None else {"output": reply.output})
+        if self._zip is not None:
+            for name, value in outputs.items():
+                key = f"r{k}" if len(outputs) == 1 else f"r{k}.{name}"
+                with self._zip.open(f"{key}.npy", "w", force_zip64=True) as entry:
+                    np.lib.format.write_array(entry, np.asarray(value), allow_pickle=False)
+            return
+        assert self._lines is not None
+        record = {
+            "input": k,
+            "id": reply.id,
+            "status": reply.status,
+            "exit": reply.exit_name,
+            "late": reply.late,
+            "ms": round(ms, 3),
+            "error": reply.error,
+            "outputs": {name: np.asarray(v).tolist() for name, v in outputs.items()},
+        }
+        self._lines.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self._zip is not None:
+            self._zip.close()
+        if self._lines is not None:
+            self._lines.close()
+
+
+def _full(reply: Any) -> str:
+    """Every output's values, one indented block per output."""
+    import numpy as np
+
+    outputs = reply.outputs or ({} if reply.output is None else {"output": reply.output})
+    with np.printoptions(threshold=sys.maxsize, linewidth=100, precision=6, suppress=True):
+        return "\n".join(
+            f"  {name} = {np.array2string(np.asarray(v), prefix='  ' + name + ' = ')}"
+            for name, v in outputs.items()
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,19 +274,16 @@ def run(args: argparse.Namespace) -> int:
         if args.model not in client.models:
             raise InputError(unknown_served_model(args.model, list(client.models), args.target))
         xs = _inputs(args, client.models[args.model])
-        started: list[float] = []
-        finished: dict[int, float] = {}
-        futures = []
-        for k, x in enumerate(xs):
-            options: dict[str, Any] = {"deadline_ms": args.deadline_ms}
-            if args.capture_now:
-                options = {"capture_ts": time.time()}
-            started.append(time.perf_counter())
-            future = client.submit(args.model, x, **options)
-            future.add_done_callback(lambda f, k=k: finished.setdefault(k, time.perf_counter()))
-            futures.append(future)
+        saver = _Saver(args.out) if args.out is not None else None
+        # Within the server's window: a new input is made and sent only when an answer frees a slot,
+        # so that any --synthetic N runs in constant memory (answers printed in order as they come).
+        window = max(1, client.window_total or 8)
+        waiting: deque[tuple[int, float, concurrent.futures.Future[Any], list[float]]] = deque()
         failed = 0
-        for k, (t0, future) in enumerate(zip(started, futures, strict=True)):
+
+        def answer() -> None:
+            nonlocal failed
+            k, t0, future, finished = waiting.popleft()
             try:
                 reply = future.result(args.timeout)
             except concurrent.futures.TimeoutError:
@@ -219,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
                     f"no answer within --timeout {args.timeout:g} s; is the server overloaded? "
                     "try a larger --timeout"
                 ) from None
-            ms = (finished.get(k, time.perf_counter()) - t0) * 1000.0
+            ms = ((finished[0] if finished else time.perf_counter()) - t0) * 1000.0
             if reply.ok and reply.output is not None:
                 detail = f"exit {reply.exit_name} {_describe(reply)}"
                 detail += " LATE" if reply.late else ""
@@ -227,4 +299,28 @@ def run(args: argparse.Namespace) -> int:
                 failed += 1
                 detail = reply.error or ""
             print(f"#{reply.id} {reply.status:<8} {detail}  {ms:.2f} ms", flush=True)
+            if args.full and reply.ok:
+                print(_full(reply), flush=True)
+            if saver is not None:
+                saver.add(k, reply, ms)
+
+        try:
+            for k, x in enumerate(xs):
+                if len(waiting) >= window:
+                    answer()
+                options: dict[str, Any] = {"deadline_ms": args.deadline_ms}
+                if args.capture_now:
+                    options = {"capture_ts": time.time()}
+                finished: list[float] = []
+                t0 = time.perf_counter()
+                future = client.submit(args.model, x, **options)
+                future.add_done_callback(lambda f, finished=finished: finished.append(time.perf_counter()))
+                waiting.append((k, t0, future, finished))
+            while waiting:
+                answer()
+        finally:
+            if saver is not None:
+                saver.close()
+        if saver is not None:
+            _note(f"wrote the outputs of {k + 1} answers to {args.out}")
     return 0 if failed == 0 else 1

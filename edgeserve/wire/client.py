@@ -17,6 +17,14 @@ to what the server let through, for a second. The caller never sees those refusa
 connection's protocol resolves each request's future by id as its answer's bytes arrive, in the
 same callback (a StreamReader and a reader task cost one more loop turn per answer), so answers
 may arrive in any order. If the connection drops, every waiting call raises ConnectionError.
+
+The client never sends abandoned work: a request whose caller was cancelled or timed out (its
+`infer` cancelled, `asyncio.wait_for` expired, the future from `send` cancelled, BlockingClient's
+`infer(timeout=...)` passed) while it waited here for the window is withdrawn before it is written;
+one already written is answered by the server and that answer is discarded. The requests waiting
+here are bounded (`max_backlog`, 4096 by default): past it `send` answers at once, locally,
+`rejected` with a sentence saying so, instead of growing a backlog that every fresh request would
+wait behind under open-loop overload (benchmarks/client_backlog.py).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import threading
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,6 +61,8 @@ CLIENT_MAX_FRAME = 256 * 1024 * 1024
 # clients that share the total then probe it about once a second each, too seldom for the server
 # to take one for a flood (net/frontend.py FLOOD_FRAMES) and shrink its window below max_in_flight.
 REGROW_AFTER_S = 1.0
+# The most requests that wait in the client for the server's window (AsyncClient.connect max_backlog).
+MAX_BACKLOG = 4096
 
 
 class ServerRefused(EdgeServeError, ConnectionError):
@@ -246,7 +256,12 @@ class AsyncClient:
         self._closed_error: BaseException | None = None
         self._refusal: ServerRefused | None = None  # the server's error message, before it closes
         self._on_wire = 0  # requests written and not yet answered
-        self._held: deque[tuple[int, bytes]] = deque()  # (id, frame) waiting for a slot in the window
+        # id -> frame waiting for a slot in the window, oldest first; a cancelled caller's is withdrawn
+        self._held: OrderedDict[int, bytes] = OrderedDict()
+        self.max_backlog: int | None = MAX_BACKLOG  # the most in _held (None: unbounded)
+        self.withdrawn = 0  # requests never sent: their callers gave up while they waited here
+        self.discarded = 0  # answers that came after their callers gave up
+        self.backlog_full = 0  # requests answered `rejected` here: the backlog was full
         self._limit = 0  # the window now: from the hello's max_in_flight up to its max_in_flight_total
         self._grown = 0  # answers since the window last grew
         self._grow_from = 0.0  # the loop's time before which the window does not grow (after a refusal)
@@ -256,14 +271,22 @@ class AsyncClient:
 
     @classmethod
     async def connect(
-        cls, target: str, *, token: str | None = None, timeout: float = 10.0, respect_window: bool = True
+        cls,
+        target: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        respect_window: bool = True,
+        max_backlog: int | None = MAX_BACKLOG,
     ) -> AsyncClient:
         """Connect and say hello. `respect_window=False` writes every request at once, beyond the
-        server's max_in_flight (tests of the server's own limit); clients keep the default."""
+        server's max_in_flight (tests of the server's own limit); clients keep the default.
+        `max_backlog`: the most requests that wait here for the window (None: no bound)."""
         kind, address = parse_target(target)
         loop = asyncio.get_running_loop()
         client = cls()
         client.respect_window = respect_window
+        client.max_backlog = max_backlog
 
         def protocol() -> _Connection:
             return _Connection(client._on_message, client._on_lost)
@@ -332,6 +355,8 @@ class AsyncClient:
             self._answered()
             if not future.done():
                 future.set_result(reply)
+            else:  # its caller gave up after it was written: the answer goes nowhere
+                self.discarded += 1
 
     def _on_lost(self, error: BaseException) -> None:
         if self._closed_error is not None:
@@ -367,9 +392,26 @@ class AsyncClient:
 
     def _write_within_window(self, request_id: int, frame: bytes) -> None:
         if self._held or (self.window is not None and self._on_wire >= self._limit):
-            self._held.append((request_id, frame))
+            self._held[request_id] = frame
             return
         self._write(request_id, frame)
+
+    def _withdraw(self, request_id: int) -> None:
+        """Its caller gave up (cancelled, timed out): if it still waits here, it is never written;
+        a written one stays pending until its answer comes, and is discarded then."""
+        if self._held.pop(request_id, None) is not None:
+            self._pending.pop(request_id, None)
+            self.withdrawn += 1
+
+    def _purge_held(self) -> None:
+        """Withdraw every waiting request whose future is done (a `send` future cancelled)."""
+        for request_id in [k for k in self._held if self._pending[k].done()]:
+            self._withdraw(request_id)
+
+    @property
+    def backlog(self) -> int:
+        """Requests waiting in this client for a slot in the server's window (not written yet)."""
+        return len(self._held)
 
     def _write(self, request_id: int, frame: bytes) -> None:
         window = self.window
@@ -390,7 +432,12 @@ class AsyncClient:
     def _flush(self, unlimited: bool = False) -> None:
         """Write the held requests the window has room for (all of them with the window off)."""
         while self._held and (unlimited or self._on_wire < self._limit):
-            self._write(*self._held.popleft())
+            request_id, frame = self._held.popitem(last=False)
+            if self._pending[request_id].done():  # cancelled while it waited: never written
+                del self._pending[request_id]
+                self.withdrawn += 1
+                continue
+            self._write(request_id, frame)
 
     def _refused_beyond(self, request_id: int, frame: bytes) -> None:
         """The server refused a request written past max_in_flight for its window (other clients
@@ -400,7 +447,13 @@ class AsyncClient:
         self._limit = max(self.window or 1, self._on_wire)
         self._grown = 0
         self._grow_from = asyncio.get_running_loop().time() + REGROW_AFTER_S
-        self._held.appendleft((request_id, frame))
+        future = self._pending.get(request_id)
+        if future is None or future.done():  # its caller gave up meanwhile: not sent again
+            self._pending.pop(request_id, None)
+            self.withdrawn += 1
+        else:
+            self._held[request_id] = frame
+            self._held.move_to_end(request_id, last=False)
         self._flush()
 
     @property
@@ -419,7 +472,18 @@ class AsyncClient:
     ) -> asyncio.Future[Reply]:
         """Write one request now (or, with the window full, as soon as an answer frees a slot) and
         return the future of its Reply (pipelining without awaiting). `x` is one sample: an array,
-        or a map from input name to array for a model with several inputs."""
+        or a map from input name to array for a model with several inputs. Cancelling the future
+        while the request waits for the window withdraws it: it is never written."""
+        return self._send(model, x, deadline_ms, capture_ts, priority)[1]
+
+    def _send(
+        self,
+        model: str,
+        x: Sample,
+        deadline_ms: float | None,
+        capture_ts: float | None,
+        priority: int | None,
+    ) -> tuple[int, asyncio.Future[Reply]]:
         if self._closed_error is not None:
             raise self._closed_error
         request_id = next(self._ids)
@@ -435,9 +499,26 @@ class AsyncClient:
         if priority is not None:
             message["priority"] = int(priority)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if self.max_backlog is not None and len(self._held) >= self.max_backlog:
+            self._purge_held()
+        if self.max_backlog is not None and len(self._held) >= self.max_backlog:
+            self.backlog_full += 1
+            future.set_result(
+                Reply(
+                    id=request_id,
+                    status="rejected",
+                    model=model,
+                    error=(
+                        f"not sent: {len(self._held)} requests already wait in this client for the "
+                        f"server's window (max_backlog {self.max_backlog}); send slower, or raise "
+                        "max_backlog in AsyncClient.connect"
+                    ),
+                )
+            )
+            return request_id, future
         self._pending[request_id] = future
         self._write_within_window(request_id, encode_frame(message))
-        return future
+        return request_id, future
 
     async def infer(
         self,
@@ -448,11 +529,17 @@ class AsyncClient:
         capture_ts: float | None = None,
         priority: int | None = None,
     ) -> Reply:
-        """Send one request and await its Reply (other calls may be in flight meanwhile)."""
-        future = self.send(model, x, deadline_ms=deadline_ms, capture_ts=capture_ts, priority=priority)
+        """Send one request and await its Reply (other calls may be in flight meanwhile).
+        Cancelled (or timed out) while the request waits for the window: it is never sent."""
+        request_id, future = self._send(model, x, deadline_ms, capture_ts, priority)
         assert self._connection is not None
-        await self._connection.drain()
-        return await future
+        try:
+            await self._connection.drain()
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()
+            self._withdraw(request_id)
+            raise
 
     @property
     def in_flight(self) -> int:
@@ -502,13 +589,24 @@ class BlockingClient:
     def models(self) -> dict[str, Any]:
         return self._client.models
 
+    @property
+    def window_total(self) -> int | None:
+        """AsyncClient.window_total: the most this connection may have in flight."""
+        return self._client.window_total
+
     def submit(self, model: str, x: Sample, **options: Any) -> concurrent.futures.Future[Reply]:
         """Send now; the Future resolves to the Reply."""
         return asyncio.run_coroutine_threadsafe(self._client.infer(model, x, **options), self._loop)
 
     def infer(self, model: str, x: Sample, *, timeout: float | None = None, **options: Any) -> Reply:
-        """Send one request and wait for its Reply (TimeoutError after `timeout` seconds)."""
-        return self.submit(model, x, **options).result(timeout)
+        """Send one request and wait for its Reply (TimeoutError after `timeout` seconds; the
+        request is then withdrawn if it still waits in the client, its answer discarded if not)."""
+        future = self.submit(model, x, **options)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
 
     def close(self) -> None:
         if self._loop.is_closed():

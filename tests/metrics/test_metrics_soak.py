@@ -24,6 +24,7 @@ def test_a_short_soak_loses_nothing_and_its_counts_agree_with_the_server(tmp_pat
     sent = int(out.split("\nsent ", 1)[1].split(",", 1)[0])
     assert 300 <= sent <= 600  # ~150 req/s for 3 s
     assert f"answers by status (server): ok {sent}," in out
+    assert "judged at this client: 0 of" in out  # the client's view beside the server's (issue 65)
     rows = [line for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert len(rows) >= 4  # one sample per second, RSS and scraped counts on each row
     assert all(float(row.split()[1]) > 10 for row in rows)  # RSS in MiB

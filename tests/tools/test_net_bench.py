@@ -104,3 +104,14 @@ def test_the_report_says_when_answers_done_in_time_reached_the_client_late() -> 
     report = format_report(result)
     assert summaries(result)[-1].violation_pct == pytest.approx(100 / 101)
     assert "client: 10 of 101 ok answers (9.9%) came back past their deadline" in report
+
+
+def test_the_late_answer_line_offers_unix_only_to_a_run_that_is_not_over_unix_already() -> None:
+    for target, offered in (("unix:///x", False), ("tcp://127.0.0.1:7070", True)):
+        result = BenchResult(
+            BenchSettings(target, {"m": 10.0}), {"m": 10.0}, elapsed_s=1.0, slo_ms={"m": 50.0}
+        )
+        result.records = [Record("m", 0.0, latency_ms=900.0, status="ok") for _ in range(10)]
+        report = format_report(result)
+        assert "came back past their deadline" in report
+        assert ("or over unix://" in report) is offered, report

@@ -163,6 +163,14 @@ def _fix_threads(box: Box, stderr: str) -> bool:
     return serve_gets_ready(box.tmp / "threads.toml")
 
 
+def _fix_threads_in_config(box: Box, stderr: str) -> bool:
+    match = re.search(r"set `\[backend\] threads = (\d+)`", stderr)
+    assert match, stderr
+    path = box.tmp / "threads_cfg.toml"
+    path.write_text(path.read_text().replace("threads = 3", f"threads = {match[1]}"))
+    return serve_gets_ready(path)
+
+
 def _fix_quote(box: Box, stderr: str) -> bool:
     match = re.search(r"\[models\.\"([^\"]+)\"\]", stderr)
     assert match, stderr
@@ -221,6 +229,21 @@ def _fix_port(key: str, name: str) -> Callable[[Box, str], bool]:
         return serve_gets_ready(path)
 
     return fix
+
+
+def _fix_reimport(box: Box, stderr: str) -> bool:
+    code, _, err = run(_suggested(stderr, "edgeserve"))
+    assert code == 0, err
+    _, _, err = run(["edgeserve", "serve", "--config", str(box.tmp / "corrupt.toml")], timeout=60)
+    return "not valid JSON" not in err and "edgeserve-profile" in err  # past the manifest: now unprofiled
+
+
+def _fix_slo(box: Box, stderr: str) -> bool:
+    match = re.search(r"did you mean slo_ms = ([0-9.]+)\?", stderr)
+    assert match, stderr
+    path = box.tmp / "noexit.toml"
+    path.write_text(path.read_text().replace("slo_ms = 0.001", f"slo_ms = {match[1]}"))
+    return serve_gets_ready(path)
 
 
 CASES = [
@@ -293,7 +316,37 @@ CASES = [
         ],
         lambda b: [f"listen.tcp 127.0.0.1:{b.busy_port}"],
     ),
+    Case(
+        "serve: tcp and http on one port",
+        lambda b: _serve(
+            "sameport",
+            listen=f'[listen]\ntcp = "127.0.0.1:{b.busy_port + 1}"\nhttp = "127.0.0.1:{b.busy_port + 1}"\n',
+        )(b),
+        lambda b: [
+            f'listen.http "127.0.0.1:{b.busy_port + 1}" is the port of listen.tcp',
+            "give listen.http a port of its own",
+        ],
+    ),
+    Case(
+        "serve: http and metrics on one port",
+        lambda b: _serve(
+            "samemetrics",
+            f'[metrics]\nlisten = "0.0.0.0:{b.busy_port + 2}"\n',
+            listen=f'[listen]\nhttp = "127.0.0.1:{b.busy_port + 2}"\n',
+        )(b),
+        lambda b: [f'metrics.listen "0.0.0.0:{b.busy_port + 2}" is the port of listen.http'],
+    ),
     Case("serve: no listener", _serve("nolisten", listen=""), lambda b: ["no listener configured"]),
+    Case(
+        "serve: a deadline no exit can meet (seconds typed as milliseconds)",
+        _serve("noexit", models="[models.tiny_a]\nslo_ms = 0.001\n"),
+        lambda b: [
+            "models.tiny_a.slo_ms = 0.001 ms cannot be met",
+            "ms at batch 1",
+            "did you mean slo_ms = 1?",
+        ],
+        fix=_fix_slo,
+    ),
     Case(
         "serve: preprocess resize does not fit the model",
         _serve(
@@ -307,13 +360,28 @@ CASES = [
         _serve(
             "mean", models="[models.tiny_a.preprocess]\nmean = [0.1, 0.2, 0.3]\n[models.tiny_a]\nslo_ms = 1\n"
         ),
-        lambda b: ["models.tiny_a.preprocess.mean", "1 channel"],
+        lambda b: ["models.tiny_a.preprocess.mean", "1 channel", "give 1 value, e.g. mean = [0.1]"],
     ),
     Case(
         "serve: threads differ from the profile's",
         lambda b: ["edgeserve", "serve", "--config", str(_threads(b))],
-        lambda b: ["--threads 2", "--backend onnxruntime"],
+        lambda b: ["--threads 2", "--backend onnxruntime", "or set `[backend] threads = 1`"],
         fix=_fix_threads,
+    ),
+    Case(
+        "serve: threads differ from the profile's, fixed in the config",
+        lambda b: ["edgeserve", "serve", "--config", str(_threads(b, "threads_cfg", 3))],
+        lambda b: ["or set `[backend] threads = 1` to serve with the profile measured so"],
+        fix=_fix_threads_in_config,
+    ),
+    Case(
+        "serve: corrupt manifest of an imported model",
+        lambda b: ["edgeserve", "serve", "--config", str(_corrupt_import(b))],
+        lambda b: [
+            "not valid JSON (Unterminated string starting at line 1)",
+            f"`edgeserve import {b.tmp / 'plain.onnx'} --name imp --repository {b.tmp / 'imported'} --force`",
+        ],
+        fix=_fix_reimport,
     ),
     Case(
         "serve: repository missing",
@@ -411,6 +479,22 @@ CASES = [
         "send: --synthetic 0",
         lambda b: ["edgeserve", "send", "--target", b.target, "--model", "tiny_a", "--synthetic", "0"],
         lambda b: ["--synthetic 0"],
+    ),
+    Case(
+        "send: --out of an unknown kind",
+        lambda b: [
+            "edgeserve",
+            "send",
+            "--target",
+            b.target,
+            "--model",
+            "tiny_a",
+            "--synthetic",
+            "1",
+            "--out",
+            str(b.tmp / "answers.csv"),
+        ],
+        lambda b: [f"--out {b.tmp / 'answers.csv'}", ".npz", ".jsonl"],
     ),
     Case(
         "send: model name typo",
@@ -523,9 +607,34 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _threads(box: Box) -> Path:
-    path = box.config("threads", "")
-    path.write_text(path.read_text().replace("threads = 1", "threads = 2"))
+def _threads(box: Box, name: str = "threads", threads: int = 2) -> Path:
+    path = box.config(name, "")
+    path.write_text(path.read_text().replace("threads = 1", f"threads = {threads}"))
+    return path
+
+
+def _corrupt_import(box: Box) -> Path:
+    """A model brought in with `edgeserve import` whose manifest was cut short."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, box.tmp / "plain.onnx")
+    folder = box.tmp / "imported" / "imp"
+    folder.mkdir(parents=True, exist_ok=True)
+    source = json.dumps(str(box.tmp / "plain.onnx"))
+    (folder / "manifest.json").write_text(
+        '{"name": "imp", "source": {"imported_from": ' + source + ', "x": "cut'
+    )
+    path = box.config("corrupt", "", models="[models.imp]\nslo_ms = 1000\n")
+    path.write_text(path.read_text().replace(str(box.repository), str(box.tmp / "imported")))
     return path
 
 
@@ -628,3 +737,132 @@ def test_the_shipped_preprocess_examples_fit_the_demo_models(source: str, tmp_pa
     for name, model in with_preprocess.items():
         assert name.startswith("digits-")
         assert preprocess_problem(name, model.preprocess, DIGITS_INPUT_SHAPE) is None
+
+
+# --- issue 65: a second newcomer pass --------------------------------------------------------------
+
+
+def test_send_synthetic_streams_in_constant_memory(box: Box) -> None:
+    """`send --synthetic 100000000` once built every input first (MemoryError after 35 s): now each
+    input is made when a slot in the server's window frees, answers print at once, memory stays flat."""
+    argv = ["send", "--target", box.target, "--model", "tiny_a", "--synthetic", "100000000"]
+    process = subprocess.Popen(
+        [*PROGRAMS["edgeserve"], *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "EDGESERVE_DEBUG": ""},
+        cwd=REPO,
+    )
+    try:
+        assert process.stdout is not None
+        answered, rss_kb = 0, []
+        for line in process.stdout:
+            answered += " ok " in line
+            if answered in (200, 2000) and len(rss_kb) == (answered == 2000):
+                status = Path(f"/proc/{process.pid}/status").read_text()
+                rss_kb.append(int(re.search(r"VmRSS:\s+(\d+)", status)[1]))
+            if answered >= 2000:
+                break
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
+    assert answered >= 2000
+    assert rss_kb[-1] < 400_000 and rss_kb[-1] - rss_kb[0] < 50_000, rss_kb  # flat, far from 100 GB
+
+
+def test_send_out_and_full_show_the_output_values(box: Box) -> None:
+    base = ["edgeserve", "send", "--target", box.target, "--model", "tiny_a", "--synthetic", "3"]
+    code, out, err = run([*base, "--full"])
+    assert code == 0 and "Traceback" not in err, err
+    assert out.count(" ok ") == 3 and len(re.findall(r"^  \S+ = \[", out, flags=re.M)) == 3, out
+    code, _, err = run([*base, "--out", str(box.tmp / "answers.npz")])
+    assert code == 0 and f"wrote the outputs of 3 answers to {box.tmp / 'answers.npz'}" in err, err
+    with np.load(box.tmp / "answers.npz") as saved:
+        assert sorted(saved.files) == ["r0", "r1", "r2"] and saved["r0"].dtype == np.float32
+        first = saved["r0"]
+    code, _, err = run([*base, "--out", str(box.tmp / "answers.jsonl")])
+    assert code == 0, err
+    records = [json.loads(line) for line in (box.tmp / "answers.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok"] * 3
+    (values,) = records[0]["outputs"].values()
+    np.testing.assert_allclose(np.asarray(values, dtype=np.float32), first, atol=1e-6)
+
+
+def test_an_expired_answer_from_an_idle_server_does_not_blame_overload(box: Box) -> None:
+    """A deadline shorter than reading a request takes: `expired`, saying the server is not busy."""
+    argv = ["edgeserve", "send", "--target", box.target, "--model", "tiny_a", "--synthetic", "1"]
+    code, out, err = run([*argv, "--deadline-ms", "0.001"])
+    assert code == 1 and "Traceback" not in out + err, err
+    assert " expired " in out and "past its 0.001 ms deadline" in out, out
+    assert "the server is not busy" in out and "give a longer deadline_ms or slo_ms" in out, out
+    assert "overloaded" not in out
+
+
+DEMO_DRIVER = """
+import sys
+from pathlib import Path
+import edgeserve.tools.demo as demo
+child = (
+    "import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(130)); "
+    "print('child up', flush=True); time.sleep(60)"
+)
+step = demo.Step("a step that takes a while", [sys.executable, "-c", child])
+demo.steps = lambda repository, plot, force: [step]
+sys.exit(demo.main(["--plot", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("whom", ["the process group (Ctrl-C)", "the step alone"])
+def test_ctrl_c_during_the_demo_ends_as_interrupted(box: Box, whom: str) -> None:
+    """Ctrl-C in `make demo` once ended as "serving failed, exit 1": now `interrupted`, exit 130."""
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", DEMO_DRIVER, str(box.tmp / "demo-out" / "p.png")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "EDGESERVE_DEBUG": "", "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "child up" in line:
+            break
+    time.sleep(0.2)
+    if whom == "the step alone":
+        child = subprocess.run(
+            ["pgrep", "-P", str(process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert child, "the step's process is not there"
+        os.kill(int(child[0]), signal.SIGINT)
+    else:
+        os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert "Traceback" not in out + err, err
+    assert process.returncode == 130, (process.returncode, err)
+    assert err.strip().splitlines()[-1] == "demo: interrupted", err
+    assert "failed with exit code" not in err
+
+
+def test_a_camera_set_up_error_is_its_sentence_alone_without_an_all_zero_summary(box: Box) -> None:
+    argv = ["edgeserve", "camera", "--target", box.target, "--model", "tiny_x", "--source", "/dev/video97"]
+    code, _, err = run([*argv, "--stats-every", "0"])
+    assert code == 1 and "Traceback" not in err, err
+    assert (
+        err.strip().splitlines()[-1]
+        == "edgeserve: error: cam0: the server does not serve 'tiny_x'; it serves tiny_a"
+    )
+    assert "final summary" not in err, err
+
+
+def test_the_readme_says_where_the_commands_are_and_how_long_make_test_takes() -> None:
+    """The README's commands are bare `edgeserve ...`: it says they live in .venv and how to reach
+    them, and it gives `make test` a duration as it gives `make demo` one."""
+    readme = (REPO / "README.md").read_text()
+    two_commands = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    assert ". .venv/bin/activate" in two_commands and ".venv/bin/edgeserve" in two_commands
+    assert re.search(r"make test .*\(~\d+ min", two_commands), two_commands
