@@ -99,6 +99,8 @@ SCRAPED = {  # summed over models
     "edgeserve_compute_duration_seconds_sum": "compute_s",
     "edgeserve_idle_poll_seconds_total": "idle_poll",
     "edgeserve_frontend_read_wait_seconds": "read_wait",  # a gauge: the socket front's (HTTP's is 0)
+    "edgeserve_violations_total": "violations",  # the server's own view: late or expired answers
+    "edgeserve_executor_idle_gap_seconds_sum": "gap_s",
 }
 THREAD_WAITS = {"executor": "executor_wait", "loop": "loop_wait"}  # edgeserve_thread_cpu_wait_seconds_total
 
@@ -168,9 +170,13 @@ class Conn(asyncio.Protocol):
                 self.ans_id.append(message["id"])
                 self.ans_t.append(now)
                 self.ans_st.append(STATUS.get(message["status"], 3))
+                self.record(message)
                 answered += 1
         del buf[:pos]
         return answered
+
+    def record(self, message: dict[str, Any]) -> None:
+        """One answer's message, for a subclass that keeps more of it than its status."""
 
     def catch_up(self) -> None:
         """Decode the replies stamped while sending; from now on each is decoded as it comes."""
@@ -442,6 +448,9 @@ def phase(pipes: list[Connection], specs: list[dict[str, Any]], metrics: str) ->
         "batch_mean": (after["ok_n"] - before["ok_n"]) / batches,
         "batch_us": 1e6 * (after["compute_s"] - before["compute_s"]) / batches,
         "ahead": (after["ahead"] - before["ahead"]) / batches,  # decided while the one before ran
+        "server_violations": after["violations"] - before["violations"],  # late by the server's clock
+        # the executor's idle time between batches while work waited, per second it was busy
+        "gap_share": (after["gap_s"] - before["gap_s"]) / max(after["busy"] - before["busy"], 1e-9),
         **quantiles("gap", spans["gap"]),
         **quantiles("decision", spans["decision"]),
     }

@@ -15,7 +15,7 @@ import difflib
 import logging
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgeserve.errors import ProfileError, RepositoryError
@@ -74,6 +74,19 @@ def profile_command(repository: ModelRepository, model: str, fingerprint: Finger
         if "precision" in fingerprint.extra:
             argv += ["--precision", fingerprint.extra["precision"]]
     return shlex.join(argv)
+
+
+def _threads_measured(folder: Path, fingerprint: Fingerprint) -> list[int]:
+    """The thread counts of the profiles in `folder` that differ from `fingerprint` in threads only."""
+    found = []
+    for other in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            measured = ProfileTable.load(other).fingerprint
+        except (ProfileError, OSError, ValueError, KeyError, TypeError):
+            continue
+        if measured.threads is not None and replace(measured, threads=fingerprint.threads) == fingerprint:
+            found.append(measured.threads)
+    return sorted(set(found))
 
 
 @dataclass(frozen=True)
@@ -164,6 +177,11 @@ class ModelRepository:
     def verify(self, manifest: Manifest) -> None:
         """Size and sha256 of every stage graph against the manifest."""
         fix = f"re-export it with `edgeserve export --model {manifest.name} --repository {self.root}`"
+        if (imported := manifest.source.get("imported_from")) is not None:  # `edgeserve import`ed
+            fix = (
+                f"import it again: `edgeserve import {shlex.quote(str(imported))} --name "
+                f"{shlex.quote(manifest.name)} --repository {shlex.quote(str(self.root))} --force`"
+            )
         for stage in manifest.stages:
             path = self.stage_path(manifest, stage.index)
             if not path.exists():
@@ -200,6 +218,9 @@ class ModelRepository:
         if not path.exists():
             others = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
             hint = f" (profiles there are for other devices: {', '.join(others)})" if others else ""
+            threads = _threads_measured(path.parent, fingerprint)
+            if threads:  # the same device with another thread count: the config may follow the profile
+                fix += f", or set `[backend] threads = {threads[0]}` to serve with the profile measured so"
             raise ProfileError(f"{path}: no profile of {manifest.name!r} for this device{hint}; {fix}")
         table = ProfileTable.load(path)
         if table.fingerprint != fingerprint:

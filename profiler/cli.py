@@ -38,7 +38,9 @@ table the scheduler plans with, keyed by this device's fingerprint (backend, CPU
 library versions). Each cell runs alone, after warm-up, --repeats times. A profile that already
 exists for this device, export and settings is printed instead of measured again (--force
 re-measures). With --eval, also measures each exit's top-1 accuracy and writes it into the
-model's manifest.
+model's manifest. With --import, measures nothing: stores a table measured on another box (a
+Jetson, a GPU server), which the emulated backend (`[backend] name = "emulated"`) then serves
+with on any box, and `edgeserve simulate --fingerprint KEY` simulates.
 """
 
 EPILOG = """\
@@ -50,6 +52,8 @@ examples:
   edgeserve-profile --backend tensorrt --precision fp16   the engines from `edgeserve build-engines`
   edgeserve-profile --model resnet50 --eval cifar100_test.npz   per-exit accuracy into the manifest
   edgeserve-profile --json > profile-summary.json   machine-readable summary on stdout
+  edgeserve-profile --import jetson/resnet50-cifar.json --model resnet50-cifar
+                                                     store the Jetson's table for the emulated backend
 
 The table shows p50, the quantile the scheduler reads (--quantile, default p95) and the
 coefficient of variation (CV) of every cell; cells with CV above --cv-threshold are marked `!`
@@ -149,6 +153,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval", type=Path, metavar="NPZ", help="measure per-exit top-1 accuracy on this .npz (arrays x, y)"
     )
+    parser.add_argument(
+        "--npz",
+        type=Path,
+        metavar="FILE",
+        help="time the cells on these representative samples (one array per input name, (N, ...)) "
+        "instead of random ones: for a model whose latency depends on its input (a decoder, NMS)",
+    )
     parser.add_argument("--force", action="store_true", help="measure even if a matching profile exists")
     parser.add_argument(
         "--write-calibrated",
@@ -156,6 +167,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measure nothing: fold the calibrated latency tables a server left in "
         "<repository>/<model>/calibrated/ (online calibration, docs/scheduler.md) into the stored "
         "profiles of the same device fingerprint (each cell's samples rescaled)",
+    )
+    parser.add_argument(
+        "--import",
+        dest="import_table",
+        type=Path,
+        metavar="TABLE.json",
+        help="measure nothing: store this profile table, measured on another box, for the one --model "
+        "NAME (its exit names must be the model's, its batches within what the model runs); a table "
+        "measured for other graphs (another export, width or model name) is stored all the same, said "
+        'and recorded in it. Serve with it through `[backend] name = "emulated"`',
     )
     parser.add_argument(
         "--json", action="store_true", help="print a machine-readable summary instead of tables"
@@ -226,8 +247,12 @@ def _cached_profile(
     return table
 
 
-def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) -> ProfileTable:
-    from tqdm import tqdm
+def _measure(
+    backend: Backend, manifest: Manifest, settings: MeasureSettings, npz: Path | None = None
+) -> ProfileTable:
+    from edgeserve.onnx_graph import sample_batch
+    from edgeserve.profiler.measure import npz_inputs
+    from edgeserve.profiler.progress import Progress, estimate
 
     largest = batch_limit(manifest, settings)
     cells = len(manifest.exits) * largest
@@ -237,11 +262,16 @@ def _measure(backend: Backend, manifest: Manifest, settings: MeasureSettings) ->
         f"{settings.warmup} warm-up + {settings.repeats} timed runs each"
     )
     start = time.perf_counter()
-    # disable=None: the bar shows on a terminal and stays out of CI logs, which get the two lines instead.
-    with tqdm(
-        total=cells, desc=manifest.name, unit="cell", file=sys.stderr, disable=None, leave=False
-    ) as bar:
-        table = measure_model(backend, manifest, settings, on_cell=lambda _e, _b: bar.update())
+    # --npz: representative samples (a model whose latency depends on its input), else random ones
+    inputs = (
+        sample_batch(manifest, largest, settings.seed) if npz is None else npz_inputs(npz, manifest, largest)
+    )
+    _note(estimate(backend, manifest, inputs, largest, settings.warmup, settings.repeats).line(manifest.name))
+    progress = Progress(manifest.name, cells)  # profiler/progress.py: a bar, or plain lines in a log
+    try:
+        table = measure_model(backend, manifest, settings, on_cell=progress.update, inputs=inputs)
+    finally:
+        progress.close()
     _note(f"profiled {manifest.name} in {time.perf_counter() - start:.1f} s")
     return table
 
@@ -261,6 +291,14 @@ def profile_command(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.model or repository.models()))
     if getattr(args, "write_calibrated", False):
         return write_calibrated(repository, names)
+    if getattr(args, "import_table", None) is not None:
+        return import_command(repository, args.import_table, args.model or [])
+    if args.backend == "emulated":
+        raise ProfileError(
+            "--backend emulated runs no model, it waits the latencies of a stored profile: there is "
+            "nothing to measure; store a table measured on another box with `edgeserve-profile "
+            "--import TABLE.json --model NAME`, or measure this one with another --backend"
+        )
     if not names:
         raise RepositoryError(
             f"{repository.root}: no models in this repository; export one with "
@@ -276,6 +314,14 @@ def profile_command(args: argparse.Namespace) -> int:
         for manifest in manifests:
             check_fits(eval_data, manifest, str(args.eval))
     settings = MeasureSettings(max_batch=args.max_batch, repeats=args.repeats, warmup=args.warmup)
+    if getattr(args, "npz", None) is not None:  # representative inputs: recorded, never mixed up
+        from dataclasses import replace
+
+        from edgeserve.profiler.measure import npz_marker
+
+        if not args.npz.is_file():
+            raise ProfileError(f"--npz {args.npz}: no such file; check the path")
+        settings = replace(settings, inputs=npz_marker(args.npz))
     providers = args.providers.split(",") if args.providers else None
     # Per-cell warm-up replaces the backend's own warm-up at load.
     backend = create_backend(
@@ -296,7 +342,7 @@ def profile_command(args: argparse.Namespace) -> int:
             cached = table is not None
             if table is None:
                 backend.load(manifest)
-                table = _measure(backend, manifest, settings)
+                table = _measure(backend, manifest, settings, getattr(args, "npz", None))
                 repository.save_profile(table)
             else:
                 _note(
@@ -327,6 +373,28 @@ def profile_command(args: argparse.Namespace) -> int:
         print(json.dumps(_summary(results, fingerprint, args, plot_path), indent=1))
     else:
         _print_report(results, args, plot_path)
+    return 0
+
+
+def import_command(repository: ModelRepository, table: Path, models: list[str]) -> int:
+    """`--import TABLE.json --model NAME`: store a table measured elsewhere (profiler/importing.py)."""
+    from edgeserve.profiler.importing import import_profile
+
+    if len(models) != 1:
+        raise ProfileError(
+            f"--import stores one table for one model: give exactly one --model NAME (got {len(models)})"
+        )
+    done = import_profile(repository, table, models[0], note=_note)
+    t = done.table
+    how = "replaced" if done.replaced else "stored"
+    print(
+        f"{models[0]}: {how} the profile of {t.fingerprint.backend} on {t.fingerprint.device} "
+        f"({len(t.exit_names)} exits x batch 1..{t.max_batch}) -> {done.path}"
+    )
+    print(
+        f'serve with it: [backend] name = "emulated", fingerprint = "{t.fingerprint.key()}" '
+        "(the key may be left out while it is the model's only profile)"
+    )
     return 0
 
 

@@ -10,7 +10,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from edgeserve.config.checks import (
     choice,
     no_unknown,
     non_negative_number,
+    port_clash,
     positive_int,
     positive_number,
     string,
@@ -34,18 +35,14 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 # Names only: the classes behind them live above config (runtime/backends/) and are imported lazily there.
-BACKEND_NAMES = ("onnxruntime", "tensorrt", "torch", "auto")
+BACKEND_NAMES = ("onnxruntime", "tensorrt", "torch", "emulated", "auto")
 PRECISIONS = ("fp32", "fp16")
 LATE_MODES = ("serve", "expire")
 ADMISSION_MODES = ("all", "deadline")
-DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
-# Small on purpose: under overload each admitted request waits behind the others in flight, and
-# with 8 a connection's burst stays within a deadline (benchmarks/overload.py, docs/runtime.md).
-DEFAULT_MAX_IN_FLIGHT = 8
-# Requests in flight on all connections together, in windows of listen.max_in_flight: at that
-# total each busy connection keeps an even share, a light one its whole window (docs/runtime.md,
-# "An even share of an in-flight total").
+# With `max_in_flight` set and no `max_in_flight_total`, the total is this many windows of it: at
+# that total each busy connection keeps an even share, a light one its whole window. Unset, both
+# come from the deadlines and the profile (ListenConfig.resolved; docs/runtime.md, "Admission").
 DEFAULT_TOTAL_WINDOWS = 4
 DEFAULT_MAX_CONNECTIONS = 256  # socket-protocol connections, all listeners together
 DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 192  # a flood on one listener leaves 64 slots to the others
@@ -77,11 +74,19 @@ class PreprocessConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """One served model: its deadline budget (SLO) and how many requests may wait for it."""
+    """One served model: its deadline budget (SLO) and how many requests may wait for it.
+
+    `max_queue` None (the default): the most the accelerator can answer within `slo_ms` at the
+    model's shallowest exit, from its profile (runtime/budget.py), so that deadline admission,
+    not a count, refuses under overload.
+    """
 
     slo_ms: float
-    max_queue: int = DEFAULT_MAX_QUEUE
+    max_queue: int | None = None
     preprocess: PreprocessConfig | None = None
+    # The largest batch this model is served at (None: its profile's); 1 serves it one sample at a
+    # time, for a model whose answer depends on its batch mates (runtime/batch_ceiling.py).
+    max_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,11 @@ class ListenConfig:
     http: tuple[str, int] | None = None  # Open Inference Protocol (KServe v2) HTTP frontend
     token: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    # At this many in flight on all connections, each connection's window is its even share
-    # (None: DEFAULT_TOTAL_WINDOWS windows of max_in_flight; see in_flight_total).
+    # A connection's window and the total at which each busy connection keeps an even share.
+    # None: derived when the front starts (`resolved`, Server.window_bounds): the largest batch,
+    # and the most requests the server could answer in time at once (from the deadlines and the
+    # profiles); a max_in_flight set alone makes the total DEFAULT_TOTAL_WINDOWS windows of it.
+    max_in_flight: int | None = None
     max_in_flight_total: int | None = None
     # Below that total a connection may go past max_in_flight up to its even share of the total
     # among the clients sending (a client alone: the whole total), so that one or two pipelining
@@ -129,11 +136,25 @@ class ListenConfig:
 
     @property
     def in_flight_total(self) -> int:
-        """max_in_flight_total, or by default DEFAULT_TOTAL_WINDOWS windows of max_in_flight: up to
-        that many pipelining connections nothing is refused before its own window is full."""
+        """max_in_flight_total, or DEFAULT_TOTAL_WINDOWS windows of max_in_flight: up to that many
+        pipelining connections nothing is refused before its own window is full. Unresolved
+        (both None): call `resolved` with the server's bound first."""
         if self.max_in_flight_total is not None:
             return self.max_in_flight_total
+        if self.max_in_flight is None:
+            raise ValueError("listen.max_in_flight is derived from the profile: use ListenConfig.resolved")
         return DEFAULT_TOTAL_WINDOWS * self.max_in_flight
+
+    def resolved(self, window: int, bound: int) -> ListenConfig:
+        """These limits with the derived ones filled in: a connection's `window` and the total
+        `bound`, the most requests the server could answer in time at once (an explicit key is kept)."""
+        if self.max_in_flight is not None:
+            return self
+        return replace(
+            self,
+            max_in_flight=min(window, self.max_in_flight_total or bound),
+            max_in_flight_total=self.max_in_flight_total or bound,
+        )
 
 
 @dataclass(frozen=True)
@@ -163,6 +184,11 @@ class BackendConfig:
     # hand-off per batch; a copy of the weights per exit), or only per stage (chained); None
     # ("auto"): composed for models whose stage files total at most 64 MiB.
     compose_exits: bool | None = None
+    # The emulated backend (runtime/backends/emulated.py): every latency it waits and every one the
+    # scheduler plans with is the stored profile's times this; `fingerprint` is the key of the
+    # stored profile it emulates (None: the only one the models have).
+    slowdown: float = 1.0
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +321,7 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
     repository = data.get("repository", "engines")
     if not isinstance(repository, (str, Path)) or not str(repository):
         raise ConfigError(f"repository: must be a path, got {repository!r}")
-    return ServerConfig(
+    config = ServerConfig(
         models=models,
         repository=Path(repository),
         backend=_backend(data.get("backend", {})),
@@ -306,11 +332,15 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
         logging=_logging(data.get("logging", {})),
         upstreams=parse_upstreams(data.get("upstreams", []), models),
     )
+    ports = {"listen.tcp": config.listen.tcp, "listen.http": config.listen.http}
+    if (clash := port_clash({**ports, "metrics.listen": config.metrics.listen})) is not None:
+        raise ConfigError(clash)
+    return config
 
 
 def _model(data: Any, key: str) -> ModelConfig:
     data = table(data, key)
-    allowed = ("slo_ms", "max_queue", "preprocess")
+    allowed = ("slo_ms", "max_queue", "preprocess", "max_batch")
     for sub, value in data.items():
         if sub not in allowed and isinstance(value, Mapping):  # [models.resnet50-cifar-w0.25] unquoted
             dotted = f"{key.removeprefix('models.')}.{sub}"
@@ -323,8 +353,13 @@ def _model(data: Any, key: str) -> ModelConfig:
         raise ConfigError(f"{key}.slo_ms: missing; give the model's deadline budget in milliseconds")
     return ModelConfig(
         slo_ms=positive_number(data["slo_ms"], f"{key}.slo_ms"),
-        max_queue=positive_int(data.get("max_queue", DEFAULT_MAX_QUEUE), f"{key}.max_queue"),
+        max_queue=None
+        if data.get("max_queue") is None
+        else positive_int(data["max_queue"], f"{key}.max_queue"),
         preprocess=None if "preprocess" not in data else _preprocess(data["preprocess"], f"{key}.preprocess"),
+        max_batch=None
+        if data.get("max_batch") is None
+        else positive_int(data["max_batch"], f"{key}.max_batch"),
     )
 
 
@@ -419,7 +454,9 @@ def _listen(data: Any) -> ListenConfig:
         max_frame_bytes=positive_int(
             data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64
         ),
-        max_in_flight=positive_int(data.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT), "listen.max_in_flight"),
+        max_in_flight=None
+        if data.get("max_in_flight") is None
+        else positive_int(data["max_in_flight"], "listen.max_in_flight"),
         max_in_flight_total=None
         if data.get("max_in_flight_total") is None
         else positive_int(data["max_in_flight_total"], "listen.max_in_flight_total"),
@@ -471,6 +508,8 @@ def _backend(data: Any) -> BackendConfig:
             "idle_poll_us",
             "loop_slice_us",
             "compose_exits",
+            "slowdown",
+            "fingerprint",
         ),
         "backend",
     )
@@ -492,7 +531,27 @@ def _backend(data: Any) -> BackendConfig:
         idle_poll_us=non_negative_number(data.get("idle_poll_us", 200.0), "backend.idle_poll_us"),
         loop_slice_us=_loop_slice_us(data.get("loop_slice_us", 100.0)),
         compose_exits=None if compose == "auto" else compose,
+        slowdown=_slowdown(data.get("slowdown", 1.0)),
+        fingerprint=None if data.get("fingerprint") is None else _fingerprint_key(data["fingerprint"]),
     )
+
+
+def _slowdown(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(
+            f"backend.slowdown: must be a number > 0 (2.0: every batch takes twice the profile's time), "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
+def _fingerprint_key(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+        raise ConfigError(
+            "backend.fingerprint: must be a stored profile's key, the name of a file in <repository>/"
+            f"<model>/profiles/ without .json (e.g. torch-nvidia-h200-t1-d5d4d5a507), got {value!r}"
+        )
+    return value
 
 
 def _loop_slice_us(value: Any) -> float:

@@ -202,6 +202,18 @@ def _edgeserve(snapshot: Mapping[str, Any], names: list[str]) -> list[Family]:
         ("edgeserve_batches_decided_ahead_total", "counter",
          "Batches decided while the batch before them still ran, and started as it ended",
          "batches_ahead", int),
+        ("edgeserve_executor_idle_gap_share", "gauge",
+         "Executor idle time between batches while work waited, as a share of its busy time"
+         " (the host's cost to the accelerator: decisions, hand-offs, the loop)",
+         "idle_gap_share", float),
+        ("edgeserve_batch_overhead_seconds", "gauge",
+         "What a batch cycle costs beyond its profile while work waits (the host's gap, the GIL);"
+         " deadline admission adds it to every batch of the work ahead (runtime/budget.py)",
+         "batch_overhead_s", float),
+        ("edgeserve_exits_kept_shallower_total", "counter",
+         "Batches served at a shallower exit than the policy chose, so that the tasks left queued"
+         " still meet the deadlines admission took them for (runtime/budget.py)",
+         "exits_kept_shallower", int),
         ("edgeserve_idle_poll_seconds_total", "counter",
          "Time the event loop polled instead of sleeping after a batch left the server idle"
          " ([backend] idle_poll_us)", "idle_poll_s", float),

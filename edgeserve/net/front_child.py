@@ -87,6 +87,12 @@ class RemoteServer:
     def manifest(self, model: str) -> Manifest:
         return self._manifests[model]
 
+    def window_bounds(self) -> tuple[int, int]:
+        """The server process derived the windows and sent them resolved (NetServer.start)."""
+        listen = self.config.listen
+        assert listen.max_in_flight is not None
+        return listen.max_in_flight, listen.in_flight_total
+
     def run_completed(self) -> None:
         """Before a connection reads: take the answers that have arrived (they free its window)."""
         self.link.pump()

@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import hmac
 import logging
 import math
 import os
 import socket
+import struct
+import termios
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -267,6 +270,10 @@ class ServerPort(Protocol):
 
     def manifest(self, model: str) -> Manifest: ...
 
+    def window_bounds(self) -> tuple[int, int]: ...
+
+    def in_flight_limit(self, in_flight: int, margin_s: float = 0.0) -> int: ...
+
     def run_completed(self) -> None: ...
 
     def answers_together(self, hold: Callable[[], None], release: Callable[[], None]) -> None: ...
@@ -289,7 +296,11 @@ class Frontend:
 
     def __init__(self, server: ServerPort, listen: ListenConfig, peers: Sequence[FrontendStats] = ()) -> None:
         self.server = server
-        self.listen = listen
+        self.listen = listen  # its derived windows are filled in as the first connection comes (`resolve`)
+        # The in-flight total in force: the configured one, or below it what the server should
+        # hold now (Server.in_flight_limit), taken before each read (`refresh_total`).
+        self.total = 0
+        self._total_at = math.nan
         # The other fronts on this server (the HTTP front's stats): their clients count beside the
         # connections when a flood is to be held for the polite ones (polite_others).
         self.peers = [PeerFront(stats, FloodTally(POLITE_S)) for stats in peers]
@@ -408,6 +419,29 @@ class Frontend:
         if self.in_flight == 0 and self._drained is not None:
             self._drained.set()
 
+    def resolve(self) -> None:
+        """Fill in the windows the config leaves to the server: its in-flight bound, known once it
+        has started (the profiles and deadlines give it)."""
+        if self.listen.max_in_flight is None:
+            bounds = getattr(self.server, "window_bounds", None)  # (a stand-in server: no bounds)
+            self.listen = self.listen.resolved(*((1 << 30, 1 << 30) if bounds is None else bounds()))
+        if not self.total:
+            self.refresh_total()
+
+    def refresh_total(self, now: float = math.nan) -> None:
+        """Before a read: the total is what the server should hold now (Server.in_flight_limit:
+        a deadline's worth of what it answers, within what deadline admission would still take),
+        at most the configured or derived total; at it each busy connection keeps an even share,
+        and the frames past a share are refused without decoding. A front in a process of its
+        own has only the configured total. Once per `now` (the loop's time, which uvloop
+        keeps per iteration to the millisecond): the connections read in one turn share it."""
+        if now == self._total_at:
+            return
+        self._total_at = now
+        limit = getattr(self.server, "in_flight_limit", None)
+        total = self.listen.in_flight_total
+        self.total = total if limit is None else min(total, limit(self.in_flight, self.margin_s))
+
     def protocol_factory(self, listener: str = "socket") -> Connection:
         return Connection(self, listener)
 
@@ -506,6 +540,7 @@ class Connection(asyncio.Protocol):
     """One client: hello first, then pipelined infer requests answered in completion order."""
 
     def __init__(self, frontend: Frontend, listener: str = "socket") -> None:
+        frontend.resolve()  # the first connection: the server has started, its bound is known
         self.frontend = frontend
         self.listener = listener
         self.transport: asyncio.Transport | None = None
@@ -640,6 +675,7 @@ class Connection(asyncio.Protocol):
         """Handle up to `limit` buffered frames (None: all); if more are complete, stop reading the
         socket and come back on the next loop turn, after the callbacks that are already due."""
         self.frontend.server.run_completed()  # first: the answers free window for these frames
+        self.frontend.refresh_total(self._last_data)
         self._reading = True
         try:
             self._read_some(limit)
@@ -746,9 +782,14 @@ class Connection(asyncio.Protocol):
         before it are answered first, in `_read_some`, which then reads that one."""
         space = self._room()
         if limit is not None and space > limit:
-            # The turn's limit binds, not the window: the older frames are not refused, they are
-            # read in order (the rest of them next turn) while the window has room.
-            return 0, 0
+            # The turn's limit binds, not the window: the older frames are read in order (the rest
+            # of them next turn) while the window has room, unless the kernel holds more than a
+            # turn of frames behind them: then the loop reads slower than this client sends, the
+            # oldest would be answered late however deep the window, and the backlog would grow
+            # (the server cannot see how long they waited there). Then the turn's newest go first.
+            if not self._behind(limit):
+                return 0, 0
+            space = limit
         buffer = self._buffer
         until = newest_frames_start(buffer, len(buffer), space) if space > 0 else 0
         if until == 0:
@@ -780,6 +821,17 @@ class Connection(asyncio.Protocol):
         if not self._closing:
             del buffer[until:pos]
         return until, served
+
+    def _behind(self, frames: int) -> bool:
+        """The kernel holds at least `frames` more frames of this connection than its buffer (their
+        size as the buffer's first): a read of this client's socket is behind its sends."""
+        if self._fd < 0 or len(self._buffer) < HEADER.size:
+            return False
+        try:
+            waiting = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return waiting >= frames * (HEADER.size + HEADER.unpack_from(self._buffer)[0])
 
     def _count(self, accepted: int = 0, refused: int = 0) -> None:
         now = self._last_data
@@ -975,7 +1027,7 @@ class Connection(asyncio.Protocol):
             "max_frame_bytes": listen.max_frame_bytes,
             "max_in_flight": listen.max_in_flight,
         }
-        if listen.share_total and listen.in_flight_total > listen.max_in_flight:
+        if listen.share_total and listen.in_flight_total >= listen.max_in_flight:
             reply["max_in_flight_total"] = listen.in_flight_total  # what a client alone may fill
         reply["models"] = self.frontend.model_table()
         self._send(reply)
@@ -986,9 +1038,10 @@ class Connection(asyncio.Protocol):
         if self._last_data < self._small_window_until:
             return self._small_window
         frontend, listen = self.frontend, self.frontend.listen
+        assert listen.max_in_flight is not None  # resolved as the connection was made
         mine = window(
             listen.max_in_flight,
-            listen.in_flight_total,
+            frontend.total,
             frontend.in_flight,
             frontend.busy,
             self._in_flight,
@@ -1004,9 +1057,10 @@ class Connection(asyncio.Protocol):
         if self._last_data < self._small_window_until:
             return self._small_window - self._in_flight
         frontend, listen = self.frontend, self.frontend.listen
+        assert listen.max_in_flight is not None  # resolved as the connection was made
         mine = room(
             listen.max_in_flight,
-            listen.in_flight_total,
+            frontend.total,
             self._in_flight,
             frontend.in_flight,
             frontend.busy,

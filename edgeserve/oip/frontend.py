@@ -490,7 +490,7 @@ class OipFrontend:
         ]
 
     def _max_samples(self, model: str) -> int:
-        return self.server.config.models[model].max_queue
+        return self.server.queue_bound(model)
 
     async def _infer(self, request: web.Request) -> web.Response:
         received = time.monotonic()

@@ -193,6 +193,8 @@ class Counters:
     busy_cpu_s: float = 0.0  # CPU time of the thread running the batches, within busy_s
     policy_failures: int = 0  # decisions the configured policy failed to make (the fallback made them)
     batches_ahead: int = 0  # batches the loop decided while the one before still ran (Server._decide_ahead)
+    exits_kept_shallower: int = 0  # batches served shallower than the policy chose (budget.deepest_kept)
+    batch_overhead_s: float = 0.0  # budget.BatchOverhead: a saturated batch's cycle beyond its profile
     started: float = field(default_factory=time.monotonic)
     # Histograms per served model (keys come from the config's models only, so they stay bounded).
     request_duration: dict[str, Histogram] = field(default_factory=dict)  # `ok` answers: queued -> end
@@ -273,4 +275,7 @@ class Counters:
             "compute_request_s": dict(self.compute_request_s),
             "inferences": dict(self.inferences),
             "idle_gap": self.idle_gap.snapshot(),
+            "idle_gap_share": self.idle_gap.total / self.busy_s if self.busy_s > 0 else 0.0,
+            "batch_overhead_s": self.batch_overhead_s,
+            "exits_kept_shallower": self.exits_kept_shallower,
         }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -33,10 +34,22 @@ from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.answer_holders import AnswerHolders
 from edgeserve.runtime.backends.base import Backend
+from edgeserve.runtime.batch_ceiling import cap_tables
+from edgeserve.runtime.budget import (
+    BatchOverhead,
+    Throughput,
+    admission_excess,
+    deepest_kept,
+    headroom,
+    planned_budget,
+    queue_bound,
+    shallow_costs,
+)
 from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
 from edgeserve.runtime.cpu_slice import set_thread_slice, slice_ns, thread_slice_s
+from edgeserve.runtime.deadline_check import check_deadlines
 from edgeserve.runtime.executor import BatchRun, Executor, Job, inline_safe
 from edgeserve.runtime.idle_poll import IdlePoll
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
@@ -101,6 +114,8 @@ def default_backend(repository: ModelRepository, config: BackendConfig) -> Backe
         precision=config.precision,
         device=config.device,
         compose_exits=config.compose_exits,
+        slowdown=config.slowdown,
+        fingerprint=config.fingerprint,
     )
 
 
@@ -119,6 +134,12 @@ def _scheduling(tables: list[ProfileTable], sched: SchedulerConfig) -> tuple[Lat
     options = PolicyOptions(urgency=Urgency(sched.urgency, sched.urgency_clip))
     policy = make_policy(sched.policy or DEFAULT_POLICY, latency, options)
     return latency, policy, make_policy(FALLBACK_POLICY, latency, options)
+
+
+def _as_run(tables: list[ProfileTable], backend: Backend) -> list[ProfileTable]:
+    """The profiles as the backend runs them: the emulated backend's are `slowdown` times longer."""
+    scale = float(getattr(backend, "profile_scale", 1.0))
+    return [t.scaled(scale) for t in tables]
 
 
 def _resolve(future: asyncio.Future[Result], result: Result) -> None:
@@ -165,7 +186,13 @@ class Server:
         self._fallback: Policy | None = None
         self._latency: LatencyModel | None = None
         self._shallowest_s: list[float] = []
-        self._full_batch: list[int] = []
+        # per model: seconds for 0..B tasks in one batch at the shallowest exit (budget.py)
+        self._shallow_costs: list[tuple[float, ...]] = []
+        # per model: the queue bound in force (max_queue, or derived from the deadline: _use)
+        self._max_queue: list[int] = []
+        self._full_batch: list[int] = []  # per model: its largest batch
+        self._overhead = BatchOverhead(1.0)  # the horizon is the longest deadline (_use)
+        self._throughput = Throughput((), 1.0)  # what the fronts may hold (_use, in_flight_limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._busy = False
         self._timer: asyncio.TimerHandle | None = None
@@ -227,9 +254,14 @@ class Server:
         try:
             backend = await executor.open()
             self._inline_ok = inline_safe(backend)
+            if hasattr(backend, "choose_profile"):  # emulated: which stored profile these models run
+                await executor.call(backend.choose_profile, self._names)
             fingerprint = await executor.call(backend.fingerprint)
             self._fingerprint_key = fingerprint.key()  # names the calibrated tables
-            tables = [repository.load_profile(m, fingerprint) for m in self._manifests]
+            tables = _as_run([repository.load_profile(m, fingerprint) for m in self._manifests], backend)
+            tables = cap_tables(tables, [config.models[n].max_batch for n in self._names])  # batch_ceiling.py
+            slo_ms = {n: config.models[n].slo_ms for n in self._names}  # no exit can meet it: refused
+            check_deadlines(self._names, tables, slo_ms, config.scheduler.quantile)
             self._use(*_scheduling(tables, config.scheduler))
             for manifest in self._manifests:
                 await executor.load(manifest)
@@ -322,7 +354,8 @@ class Server:
         repository = ModelRepository(Path(self.config.repository))
         manifests = self._manifests
         tables = await asyncio.to_thread(lambda: [repository.load_profile(m, fingerprint) for m in manifests])
-        latency, policy, fallback = _scheduling(tables, new.scheduler)
+        tables = cap_tables(tables, [new.models[n].max_batch for n in self._names])  # batch_ceiling.py
+        latency, policy, fallback = _scheduling(_as_run(tables, backend), new.scheduler)
         if not self._accepting:  # shutdown began while the profiles were read: keep what runs
             raise RuntimeError("server began shutting down during the reload")
         # One synchronous block on the loop: no decision can see half of the old and half the new.
@@ -335,7 +368,7 @@ class Server:
     def _take_settings(self, config: ServerConfig) -> None:
         """The per-model limits and the late-task mode, read on every request, from `config`."""
         self.config = config
-        self._max_queue = [config.models[n].max_queue for n in self._names]
+        self._queue_limits = [config.models[n].max_queue for n in self._names]  # None: derived
         self._budget_s = [config.models[n].slo_ms / 1000.0 for n in self._names]
         self._expire_late = config.scheduler.late_tasks == "expire"
         self._inline_max_s = config.backend.inline_max_ms / 1000.0
@@ -346,7 +379,19 @@ class Server:
         with self._lock:
             self._latency, self._policy, self._fallback = latency, policy, fallback
             self._shallowest_s = [m.latency(0, 1) for m in latency.models]
+            self._cost_work(latency)
             self._full_batch = [m.max_batch for m in latency.models]
+            self._overhead.horizon_s = max(self._budget_s)
+            rates = self._throughput  # (a reload keeps the rates measured so far)
+            rates.deadlines_s, rates.tick_s = list(self._budget_s), max(self._budget_s)
+            if len(rates.served) != len(self._budget_s):
+                rates.served, rates.per_cpu_s = [0] * len(self._budget_s), [0.0] * len(self._budget_s)
+            self._max_queue = [
+                queue_bound(budget, costs) if limit is None else limit
+                for limit, budget, costs in zip(
+                    self._queue_limits, self._budget_s, self._shallow_costs, strict=True
+                )
+            ]
             # Online calibration: updates `latency` in place from the batch times observed.
             self._calibration = LatencyCalibrator(latency) if self.config.scheduler.calibration else None
 
@@ -355,6 +400,42 @@ class Server:
     @property
     def models(self) -> tuple[str, ...]:
         return self._names
+
+    def queue_bound(self, model: str) -> int:
+        """How many of `model`'s requests may wait at once: its `max_queue`, or by default the most
+        the accelerator can answer within its deadline at the shallowest exit (budget.queue_bound)."""
+        return self._max_queue[self._index[model]] if self._max_queue else 64
+
+    def window_bounds(self) -> tuple[int, int]:
+        """What a front's windows default to: (a connection's own window, the in-flight total).
+        The window is the largest batch, so that any client can keep a batch in flight whatever
+        the others do; the total the most requests the server could ever answer in time at once,
+        all models together: the largest queue bound (every admitted task's deadline work shares
+        one accelerator), so that deadline admission, not a count, refuses (the front's total in
+        force is less: `in_flight_limit`)."""
+        return max(self._full_batch, default=1), max(self._max_queue, default=1)
+
+    def _host_cpu_s(self) -> float:
+        """The process's CPU seconds outside the backend's batches: its Python (budget.Throughput)."""
+        return time.process_time() - self.counters.busy_cpu_s
+
+    def in_flight_limit(self, in_flight: int, margin_s: float = 0.0) -> int:
+        """How many requests a front with `in_flight` of them unanswered should hold now: no more
+        than deadline admission would still take on top (budget.headroom, the accelerator's
+        side), nor than the host can answer within the part of the deadlines it has (less the
+        front's `margin_s` and the loop's delays, as the plans; budget.Throughput). A front
+        refuses past it without decoding; the requests it lets through are checked exactly.
+        Unbounded when admission is by count (or work may go upstream)."""
+        if not self._admit_by_deadline or self._offload is not None or not self._shallow_costs:
+            return 1 << 30
+        now = time.monotonic()
+        target = self._throughput.target(now, self._host_cpu_s, margin_s + self._plan_lag)
+        # Without the lock (the executor thread holds it while it decides): only the queues'
+        # lengths are read, and an estimate a batch old only moves which frames are decoded.
+        free_in = self._free_for_admission(now) - now
+        room = headroom(self._queues, free_in, self._budget_s, self._shallow_costs, self._overhead.value)
+        floor = sum(self._full_batch)  # a batch of every model: what the scheduler needs to batch
+        return int(min(max(target, floor), in_flight + max(room, 1), 1 << 30))
 
     @property
     def accepting(self) -> bool:
@@ -504,9 +585,15 @@ class Server:
                 slo_ms = self._budget_s[m] * 1000.0
                 why = f"captured {slo_ms - total * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
             else:
+                busy = self._busy or any(self._queues)  # else: the deadline is shorter than a read
                 why = (
-                    f"waited {waited * 1000.0:.1f} ms to be read, past its {total * 1000.0:g} ms "
-                    "deadline (the server is overloaded)"
+                    f"waited {waited * 1000.0:.1f} ms to be read, past its {total * 1000.0:g} ms deadline "
+                    + (
+                        "(the server is overloaded)"
+                        if busy
+                        else "(the server is not busy: reading a request takes that long here; give a "
+                        "longer deadline_ms or slo_ms)"
+                    )
                 )
             return self._refuse(model, Status.EXPIRED, now, why)
         if problem is None:
@@ -534,27 +621,29 @@ class Server:
         lag = self._answer_lag.value + self._loop_delay
         if abs(lag - self._plan_lag) > PLAN_LAG_STEP_S:
             self._plan_lag = lag
-        held_wait = math.ceil(waited / PLAN_LAG_STEP_S) * PLAN_LAG_STEP_S
-        floor = min(held_wait + PLAN_FLOOR * (total - held_wait), total)
-        plan = max(total - margin_s - self._plan_lag, floor)
-        # A task at the tail of a FIFO waits about as long as the head has, then its batch runs (at
-        # the shallowest exit at least): with deadline admission that must fit before its planned
-        # deadline, which already leaves the answer's way back (the loop's delays and the front's
-        # margin). A queue shorter than a full batch admits: the task rides in the head's batch.
-        # (With upstreams, work the box cannot serve in time may go upstream instead.) The queue
-        # is read under the lock: the executor thread pops batches from it (`_follow`).
+        plan = planned_budget(total, waited, margin_s, self._plan_lag, PLAN_FLOOR, PLAN_LAG_STEP_S)
+        # Deadline admission (budget.py): refused only when even the shallowest exit, after the
+        # running batch and every queued task due before it (in full batches at their shallowest
+        # exits), cannot answer it by its planned deadline, which already leaves the answer's way
+        # back. An idle server admits: nothing is ahead (a deadline no exit meets at all is refused
+        # at start, deadline_check.py). (With upstreams, work the box cannot serve in time may go
+        # upstream instead.) The queues are read under the lock: the executor thread pops batches
+        # from them (`_follow`).
         by_deadline = self._admit_by_deadline and self._offload is None
         with self._lock:
-            if (
-                by_deadline
-                and len(queue) >= self._full_batch[m]
-                and now - float(queue.arrivals[0]) + self._shallowest_s[m] > plan - waited
-            ):
-                task = None
-            else:
-                task = self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
+            excess = 0.0
+            if by_deadline and (self._busy or self._ahead is not None or any(self._queues)):
+                due = now - waited + plan
+                free_at = self._free_for_admission(now)
+                excess = admission_excess(
+                    self._queues, m, due, free_at, self._shallow_costs, self._overhead.value
+                )
+            task = None if excess > 0 else self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
         if task is None:
-            why = f"overloaded: {model!r} cannot answer within this request's deadline now"
+            why = (
+                f"overloaded: {model!r} cannot answer within this request's deadline now "
+                f"(the work ahead needs {excess * 1000.0:.1f} ms more than it leaves)"
+            )
             return self._refuse(model, Status.REJECTED, now, why)
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
@@ -724,6 +813,26 @@ class Server:
         elif self._expire_late:
             self._arm_timer(math.inf)
 
+    def _cost_work(self, latency: LatencyModel) -> None:
+        """Admission's costs from the latency table (at start, reload and calibration): each
+        model's shallowest-exit batches at the quantile the policy plans with. (Tried: their means
+        and one tail, as a queue of many batches rarely draws all their tails; more late answers
+        on the emulated accelerator at 3-5x, 5.2 against 2.7 points at 3x, and no better on the
+        CPU once its profile was steady.)"""
+        self._shallow_costs = [
+            shallow_costs(m.by_batch[b][0] for b in range(m.max_batch)) for m in latency.models
+        ]
+
+    def _free_for_admission(self, now: float) -> float:
+        """When the executor can start on the queues (holding the lock): after the running batch
+        (one that overran its profile may run as long again) and the batch decided after it."""
+        free_at = self._busy_until if self._busy else now
+        if free_at < now:
+            free_at = 2.0 * now - self._started_at if self._busy else now
+        if self._ahead is not None:
+            free_at += self._ahead[1]
+        return free_at
+
     def _free_at(self, now: float) -> float:
         """When the executor is free: now, or the running batch's predicted end."""
         return self._busy_until if self._busy else now
@@ -890,7 +999,37 @@ class Server:
         self.counters.decision.add(time.perf_counter() - t0)
         if not isinstance(decision, Dispatch) or decision.drops or self._runs_inline(decision):
             return None
-        return decision
+        return self._kept(decision, at)
+
+    def _kept(self, decision: Decision, at: float) -> Decision:
+        """The policy's batch at an exit no deeper than keeps deadline admission's promise to the
+        tasks it leaves queued (budget.deepest_kept), for a policy that chooses exits to keep
+        tasks (`guards_the_tail`: the default's family); holding the lock."""
+        if (
+            not isinstance(decision, Dispatch)
+            or not self._admit_by_deadline
+            or self._offload is not None
+            or not getattr(self._policy, "guards_the_tail", False)
+        ):
+            return decision
+        model = self.latency_model.models[decision.model]
+        pos = model.exit_ids.index(decision.exit)
+        if pos == 0:
+            return decision
+        column = model.by_batch[decision.batch - 1]
+        kept = deepest_kept(
+            self._queues,
+            decision.model,
+            decision.batch,
+            at,
+            column[: pos + 1],
+            self._shallow_costs,
+            self._overhead.value,
+        )
+        if kept == pos:
+            return decision
+        self.counters.exits_kept_shallower += 1
+        return dataclasses.replace(decision, exit=model.exit_ids[kept], predicted_s=column[kept])
 
     def _decide_ahead(self) -> None:
         """On the loop, before a read: if the batch on the executor thread is due to end within
@@ -918,7 +1057,7 @@ class Server:
         queues themselves are broken), the queued requests are answered `error` so none waits forever."""
         assert self._policy is not None and self._fallback is not None
         try:
-            return self._policy.decide(self._queues, at)
+            return self._kept(self._policy.decide(self._queues, at), at)
         except Exception:
             self.counters.policy_failures += 1
             _log.exception("policy %s failed; %s decides this time", self._policy.name, self._fallback.name)
@@ -1035,12 +1174,18 @@ class Server:
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
             self.counters.busy_cpu_s += run.cpu_s
-            self.counters.observe_batch(name, run.start, run.end, len(tasks), min(t.queued for t in tasks))
+            ready = min(t.queued for t in tasks)
+            self._throughput.observe(m, len(tasks))
+            self.counters.observe_batch(name, run.start, run.end, len(tasks), ready)
+            model = self.latency_model.models[m]
+            self._overhead.observe(ready, run.end, model.latency(model.exit_ids.index(exit), len(tasks)))
+            self.counters.batch_overhead_s = self._overhead.value
         self.counters.batches[name] += 1
         if self._calibration is not None and run.error is None and not math.isnan(run.start):
             with self._lock:  # it may update the latency table the executor thread's policy reads
                 lines = self._calibration.observe(m, exit, len(tasks), run.end - run.start, run.end)
                 self._shallowest_s[m] = self.latency_model.models[m].latency(0, 1)
+                self._cost_work(self.latency_model)
             for line in lines:
                 _log.warning(line)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,9 @@ class NetServer:
                 )
                 self.metrics = await endpoint.start()
             if isinstance(self.frontend, FrontProcess):
-                self._socket_urls = await self.frontend.start(self.config)
+                # The front process gets the windows the server derived (it cannot derive them).
+                listen = self.config.listen.resolved(*self.server.window_bounds())
+                self._socket_urls = await self.frontend.start(replace(self.config, listen=listen))
             else:
                 self.listeners = await open_listeners(self.frontend, self.config.listen)
                 self._socket_urls = list(self.listeners.urls)

@@ -10,7 +10,6 @@ import pytest
 from repo_paths import DATA, REPO
 
 from edgeserve.config.server import (
-    DEFAULT_MAX_QUEUE,
     BackendConfig,
     ConfigError,
     ModelConfig,
@@ -30,7 +29,7 @@ def test_example_toml_reads_into_the_documented_structure() -> None:
     assert config.repository == DATA / "engines"
     assert list(config.models) == ["digits-s", "digits-m"]  # file order is the scheduling order
     assert config.models["digits-s"] == ModelConfig(slo_ms=20.0, max_queue=32)
-    assert config.models["digits-m"] == ModelConfig(slo_ms=50.0, max_queue=DEFAULT_MAX_QUEUE)
+    assert config.models["digits-m"] == ModelConfig(slo_ms=50.0, max_queue=None)
     assert config.backend == BackendConfig(name="onnxruntime", threads=1, providers=("cpu",), warmup=3)
     assert config.scheduler == SchedulerConfig(
         policy="stability-safe", quantile="p95", max_batch=8, urgency_clip=10.0, late_tasks="expire"
@@ -214,9 +213,20 @@ def test_listen_and_preprocess_tables_read_into_their_dataclasses(tmp_path: Path
 def test_the_in_flight_total_defaults_to_four_windows() -> None:
     from edgeserve.config.server import ListenConfig
 
-    assert ListenConfig().in_flight_total == 32
+    assert ListenConfig(max_in_flight=8).in_flight_total == 32
     assert ListenConfig(max_in_flight=64).in_flight_total == 256  # one client pipelining deep: not capped
     assert ListenConfig(max_in_flight=64, max_in_flight_total=40).in_flight_total == 40
+
+
+def test_unset_windows_are_derived_from_the_servers_bound() -> None:
+    from edgeserve.config.server import ListenConfig
+
+    with pytest.raises(ValueError, match="resolved"):
+        _ = ListenConfig().in_flight_total
+    derived = ListenConfig().resolved(10, 900)
+    assert (derived.max_in_flight, derived.in_flight_total) == (10, 900)
+    assert ListenConfig(max_in_flight_total=4).resolved(10, 900).max_in_flight == 4
+    assert ListenConfig(max_in_flight=8).resolved(10, 900) == ListenConfig(max_in_flight=8)  # explicit: kept
 
 
 @pytest.mark.parametrize(

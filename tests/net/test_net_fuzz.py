@@ -168,16 +168,17 @@ def test_decoder_survives_arbitrary_chunking_of_arbitrary_bytes(chunks: list[byt
     """data_received directly (no server needed before a valid request): never raises, and what it
     writes is a sequence of well-formed frames."""
 
+    from edgeserve.config.server import ListenConfig, ServerConfig
+
     class _NoServer:
         models: tuple[str, ...] = ()
+        config = ServerConfig(models={})  # a greeted request is checked against its (no) models
 
         def run_completed(self) -> None:  # no batches: nothing ever completes
             pass
 
         def answers_together(self, hold: object, release: object) -> None:
             pass
-
-    from edgeserve.config.server import ListenConfig
 
     async def feed() -> bytes:  # on a loop: answers leave at the end of each loop turn
         frontend = Frontend(_NoServer(), ListenConfig(max_frame_bytes=256))  # type: ignore[arg-type]

@@ -175,7 +175,9 @@ def test_a_url_that_is_not_http_is_refused_at_once() -> None:
 def test_full_queue_is_429_and_hopeless_deadline_is_504(served_root: Path) -> None:
     models = {"tiny_a": {"slo_ms": 1000, "max_queue": 2}, "tiny_b": {"slo_ms": 1000}}
     config = oip_config(served_root, models=models)
-    config["scheduler"] = {"late_tasks": "expire"}
+    # Queued whatever its deadline (admission by count), then answered `expired` once hopeless;
+    # deadline admission would refuse it at once (429, test_deadline_admission_* in runtime).
+    config["scheduler"] = {"late_tasks": "expire", "admission": "all"}
     factory = HookedFactory(delay_s=0.3)
 
     async def scenario() -> None:
