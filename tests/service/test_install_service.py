@@ -122,13 +122,16 @@ def _one_sentence(done: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.skipif(systemd_is_pid1(), reason="systemd runs here: a real install would go ahead")
 def test_without_systemd_as_pid1_nothing_is_written_and_the_sentence_says_what_to_do() -> None:
     before = UNIT_PATH.exists(), CONFIG_PATH.parent.exists()
-    done = _edgeserve("install-service", "--no-start")
+    # An executable outside /tmp, wherever this checkout is (CI may clone it under /tmp, which the
+    # unit's PrivateTmp hides: that check would fail first): this test is about systemd's.
+    binary = ("--executable", "/bin/true")
+    done = _edgeserve("install-service", "--no-start", *binary)
     line = _one_sentence(done)
     assert done.returncode == 1
     assert "nothing was changed: systemd is not running here (PID 1 is" in line
     assert "edgeserve serve --config FILE" in line and "--root DIR" in line
     assert (UNIT_PATH.exists(), CONFIG_PATH.parent.exists()) == before
-    dry = _edgeserve("install-service", "--dry-run", "--no-start")
+    dry = _edgeserve("install-service", "--dry-run", "--no-start", *binary)
     assert dry.returncode == 0 and "check FAILED systemd runs as PID 1" in dry.stdout
     assert "a real run would stop here, before writing anything: systemd is not running" in dry.stdout
 
