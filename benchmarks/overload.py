@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -356,15 +356,18 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
     return {"conns": [record.summary(np.array(spec["deadlines_ms"]) / 1e3)]}
 
 
-def worker_main(pipe: Connection) -> None:
-    """The load-generator process: one phase per spec received, until None."""
+def phase_for(spec: dict[str, Any]) -> Callable[[dict[str, Any], Connection], Awaitable[dict[str, Any]]]:
+    return run_http_phase if "http" in spec else run_phase
+
+
+def worker_main(pipe: Connection, choose: Callable[..., Any] = phase_for) -> None:
+    """The load-generator process: one phase per spec received (`choose` picks how), until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the orchestrator's: it ends this process
     loop = new_event_loop()
     try:
         while (spec := pipe.recv()) is not None:
             try:
-                run = run_http_phase if "http" in spec else run_phase
-                pipe.send(("done", loop.run_until_complete(run(spec, pipe))))
+                pipe.send(("done", loop.run_until_complete(choose(spec)(spec, pipe))))
             except Exception as exc:  # the orchestrator raises it
                 pipe.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:

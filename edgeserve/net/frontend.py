@@ -430,7 +430,7 @@ class Frontend:
 
     def refresh_total(self, now: float = math.nan) -> None:
         """Before a read: the total is what the server should hold now (Server.in_flight_limit:
-        a deadline's worth of what it answers, within what deadline admission would still take),
+        within what deadline admission would still take and what the host can answer in time),
         at most the configured or derived total; at it each busy connection keeps an even share,
         and the frames past a share are refused without decoding. A front in a process of its
         own has only the configured total. Once per `now` (the loop's time, which uvloop

@@ -404,7 +404,8 @@ class Server:
     def queue_bound(self, model: str) -> int:
         """How many of `model`'s requests may wait at once: its `max_queue`, or by default the most
         the accelerator can answer within its deadline at the shallowest exit (budget.queue_bound)."""
-        return self._max_queue[self._index[model]] if self._max_queue else 64
+        m = self._index[model]
+        return self._max_queue[m] if self._max_queue else (self._queue_limits[m] or 1)  # (not started)
 
     def window_bounds(self) -> tuple[int, int]:
         """What a front's windows default to: (a connection's own window, the in-flight total).
