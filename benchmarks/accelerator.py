@@ -47,32 +47,29 @@ ResNets are exported and profiled there (`edgeserve-profile --backend torch --de
     .venv/bin/python benchmarks/accelerator.py --backend torch --device cuda   # a GPU, 6 s a level, < 5 min
     .venv/bin/python benchmarks/accelerator.py --backend onnxruntime      # this CPU, its own profile
 
-Runs of 84ce3ac (2026-11-28, this 2-core VM, quiet; single runs, 4-6 s a level, the H200 tables,
-the default policy, 2 connections unless said). Violations %, the simulator's on the same trace
-0.00 at 0.9-3x; the runtime's own clock counted none late or expired at any level below: what is
-left is answers that reached the client, which shares the two cores, after its deadline.
+Runs of the admission in 84ce3ac (2026-11-28, this 2-core VM, quiet, single runs, the H200
+tables, the default policy). Violations %; the simulator's on the same trace 0.00 at 0.9-3x; the
+runtime's own clock counted none late or expired at any level below: what is left is answers
+that reached the client, which shares the two cores, after its deadline.
 
     slowdown 4 (All-Final 1,282 req/s)   0.9x   1.2x   1.5x     2x     3x     5x     10x
-    violations %, 2 connections          0.02-  0.43   0.21-  1.15-  2.38-  9.1    61-62
-                                         0.37          0.70   1.85   2.83
-    in deadline, x capacity              0.90   1.19   1.50   1.98   2.90   4.56-  3.73-3.88
-                                                                            4.75   (0.82-0.89 of the best)
-    violations %, 1 / 4 / 16 connections 0.17 / 0.17 / 0.28 at 0.9x, 0.93 / 0.63 / 0.91 at 1.5x,
-                                         1.26 / 1.64 / 1.92 at 2x, 2.77 / 5.28 / 3.63 at 3x
+    2 connections, 6 s a level           0.13   0.22   0.52   0.87   1.18   4.03   57.7
+    in deadline, x capacity              0.90   1.19   1.50   1.96   2.98   4.82   4.23 (0.88 of the best)
+    1 / 4 / 16 connections, 4 s a level: 0.06 / 0.17 / 0.09 at 0.9x, 0.35 / 0.59 / 0.55 at 1.5x,
+                                         0.74 / 1.05 / 1.03 at 2x, 2.19 / 2.68 / 2.47 at 3x
 
-The exit mix moves from 90 % final at 0.9x to 97 % layer1 at 10x, as the simulator's does. Host
-at 3x: executor busy 0.97, batches of 10 in 2.6 ms, idle gap P50 70-80 us (2.0-2.5 % of busy),
-decision P50 17-21 us, server CPU 37-44 %. With `[listen] reply_margin_ms = 2`: 2x 1.33, 3x 2.05.
-Before (032fd37, the fixed windows; the same command on a busier box): 3x 10.2, 5x 3.61x, 10x
-2.80x, 16 connections 4.20 at 2x and 21.9 at 3x.
+The exit mix moves from 90 % final at 0.9x to 99 % layer1 at 10x, as the simulator's does. Host
+at 5x: executor busy 0.97, batches of 10 in 1.5 ms, idle gap P50 56 us (2.9 % of busy), decision
+P50/P99 15/30 us, server CPU 42 %. Before (032fd37, the fixed windows; the same command on a
+busier box): 3x 10.2, 5x 3.61x, 10x 2.80x, 16 connections 4.20 at 2x and 21.9 at 3x.
 
 `--slowdown 1 --closed-loop-capacity --levels 0.9 1.5 2 3` (All-Final 5,128 req/s): All-Final's
-closed loop 4,094 ok/s = 0.80x the profile's, executor busy 0.96 with batches of 10; violations
-0.84, 3.02, 7.21, 44.6 % (simulator 0.00). Here the host binds: the server's CPU goes 42 -> 92 %
-of a core from 0.9x to 3x, its own mean for an `ok` answer stays 28-50 ms while the client's P95
-reaches 72 ms at 3x, and a batch takes ~1.2x its profile from the end of the one before: the
-executor thread waits for the GIL as its sleep ends, while the loop holds it (`on a CPU` 0.05-0.17
-of its busy time is the thread's own Python).
+closed loop 3,999 ok/s = 0.78x the profile's (0.80x in another run), executor busy 0.96 with
+batches of 10; violations 0.65, 1.76, 3.35, 17.6 % (simulator 0.00). Here the host binds: the
+server's CPU goes 34 -> 88 % of a core from 0.9x to 3x, its own mean for an `ok` answer stays
+23-49 ms (none late by its clock) while the client's P95 reaches 67 ms at 3x, and a batch takes
+~1.2x its profile from the end of the one before: the executor thread waits for the GIL as its
+sleep ends, while the loop holds it.
 """
 
 from __future__ import annotations
