@@ -301,6 +301,7 @@ class Frontend:
         # hold now (Server.in_flight_limit), taken before each read (`refresh_total`).
         self.total = 0
         self._total_at = math.nan
+        self._limit = getattr(server, "in_flight_limit", None)  # (a stand-in server: none)
         # The other fronts on this server (the HTTP front's stats): their clients count beside the
         # connections when a flood is to be held for the polite ones (polite_others).
         self.peers = [PeerFront(stats, FloodTally(POLITE_S)) for stats in peers]
@@ -438,9 +439,8 @@ class Frontend:
         if now == self._total_at:
             return
         self._total_at = now
-        limit = getattr(self.server, "in_flight_limit", None)
         total = self.listen.in_flight_total
-        self.total = total if limit is None else min(total, limit(self.in_flight, self.margin_s))
+        self.total = total if self._limit is None else min(total, self._limit(self.in_flight, self.margin_s))
 
     def protocol_factory(self, listener: str = "socket") -> Connection:
         return Connection(self, listener)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def admission_excess(
     can still answer it in time (admit); > 0: none can (refuse), and after that many seconds of
     serving a request like it would fit again."""
     work = free_at - deadline
-    for j, queue in enumerate(queues):  # (work_s inlined: this runs for every request)
+    for j, queue in enumerate(queues):
         n = len(queue)
         if j == model:
             n += 1
@@ -85,10 +85,7 @@ def admission_excess(
             n = int(np.count_nonzero(queue.deadlines <= deadline))
         elif queue.last_deadline() > deadline:  # one budget, FIFO by age: sorted by deadline
             n = int(np.searchsorted(queue.deadlines, deadline, side="right"))
-        cost = costs[j]
-        full = len(cost) - 1
-        batches, rest = divmod(n, full)
-        work += batches * (cost[full] + overhead_s) + (cost[rest] + overhead_s if rest else 0.0)
+        work += work_s(n, costs[j], overhead_s)
     return work
 
 
@@ -192,16 +189,16 @@ class Throughput:
     the host has time to spare and this does not bind. A tick with nothing answered, or with the
     host idle, says nothing: no bound then."""
 
-    deadlines_s: Sequence[float]
-    tick_s: float
-    served: list[int] = field(default_factory=list)
-    per_cpu_s: list[float] = field(default_factory=list)  # answers per host CPU second, by model
+    deadline_s: float  # the shortest deadline
+    tick_s: float  # the longest
+    served: int = 0  # answers this tick
+    per_cpu_s: float = 0.0  # answers per host CPU second, over the last tick (0: unknown)
     since: float = -math.inf
     cpu_since: float = 0.0
 
-    def observe(self, model: int, n: int) -> None:
-        """`n` requests of `model` left a batch (answered, whatever their status)."""
-        self.served[model] += n
+    def observe(self, n: int) -> None:
+        """`n` requests left a batch (answered, whatever their status)."""
+        self.served += n
 
     def target(self, now: float, host_cpu: Callable[[], float], way_s: float = 0.0) -> float:
         """The in-flight total at `now` (`host_cpu`: the host's CPU seconds so far, asked once a
@@ -211,10 +208,9 @@ class Throughput:
             host_cpu_s = host_cpu()
             busy = host_cpu_s - self.cpu_since
             fresh = now - self.since < 2 * self.tick_s  # (after a longer gap: start over)
-            self.per_cpu_s = [n / busy if fresh and busy > 0 else 0.0 for n in self.served]
-            self.served = [0] * len(self.served)
+            self.per_cpu_s = self.served / busy if fresh and busy > 0 else 0.0
+            self.served = 0
             self.since, self.cpu_since = now, host_cpu_s
-        rate = sum(self.per_cpu_s)
-        if not rate:
+        if not self.per_cpu_s:
             return math.inf
-        return rate * max(min(self.deadlines_s) - way_s, 0.0)
+        return self.per_cpu_s * max(self.deadline_s - way_s, 0.0)

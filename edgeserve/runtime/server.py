@@ -192,7 +192,7 @@ class Server:
         self._max_queue: list[int] = []
         self._full_batch: list[int] = []  # per model: its largest batch
         self._overhead = BatchOverhead(1.0)  # the horizon is the longest deadline (_use)
-        self._throughput = Throughput((), 1.0)  # what the fronts may hold (_use, in_flight_limit)
+        self._throughput = Throughput(1.0, 1.0)  # what the fronts may hold (deadlines: _use)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._busy = False
         self._timer: asyncio.TimerHandle | None = None
@@ -382,10 +382,8 @@ class Server:
             self._cost_work(latency)
             self._full_batch = [m.max_batch for m in latency.models]
             self._overhead.horizon_s = max(self._budget_s)
-            rates = self._throughput  # (a reload keeps the rates measured so far)
-            rates.deadlines_s, rates.tick_s = list(self._budget_s), max(self._budget_s)
-            if len(rates.served) != len(self._budget_s):
-                rates.served, rates.per_cpu_s = [0] * len(self._budget_s), [0.0] * len(self._budget_s)
+            # (a reload keeps the rate measured so far)
+            self._throughput.deadline_s, self._throughput.tick_s = min(self._budget_s), max(self._budget_s)
             self._max_queue = [
                 queue_bound(budget, costs) if limit is None else limit
                 for limit, budget, costs in zip(
@@ -825,8 +823,9 @@ class Server:
         ]
 
     def _free_for_admission(self, now: float) -> float:
-        """When the executor can start on the queues (holding the lock): after the running batch
-        (one that overran its profile may run as long again) and the batch decided after it."""
+        """When the executor can start on the queues: after the running batch (one that overran its
+        profile may run as long again) and the batch decided after it. Exact under the lock
+        (admission); an estimate a batch old without it (`in_flight_limit`)."""
         free_at = self._busy_until if self._busy else now
         if free_at < now:
             free_at = 2.0 * now - self._started_at if self._busy else now
@@ -1176,7 +1175,7 @@ class Server:
             self.counters.busy_s += run.end - run.start
             self.counters.busy_cpu_s += run.cpu_s
             ready = min(t.queued for t in tasks)
-            self._throughput.observe(m, len(tasks))
+            self._throughput.observe(len(tasks))
             self.counters.observe_batch(name, run.start, run.end, len(tasks), ready)
             model = self.latency_model.models[m]
             self._overhead.observe(ready, run.end, model.latency(model.exit_ids.index(exit), len(tasks)))

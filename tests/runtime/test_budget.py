@@ -111,12 +111,12 @@ def test_the_batch_overhead_is_the_time_from_when_a_batch_could_start_beyond_its
 
 
 def test_the_hosts_in_flight_total_is_the_shortest_deadline_of_what_it_answers_per_cpu_second() -> None:
-    rates = Throughput(deadlines_s=[0.050, 0.010], tick_s=0.050, served=[0, 0], per_cpu_s=[0.0, 0.0])
+    rates = Throughput(deadline_s=0.010, tick_s=0.050)  # models of 50 and 10 ms deadlines
     assert rates.target(0.0, host_cpu=lambda: 0.0) == math.inf  # nothing measured: no bound
     # 400 answers of model 0 and 100 of model 1 over the tick, the host busy half of it: it could
     # answer 20,000/s at full load, and any request may be of the model with the 10 ms deadline.
-    rates.observe(0, 400)
-    rates.observe(1, 100)
+    rates.observe(400)
+    rates.observe(100)
     assert rates.target(0.05, host_cpu=lambda: 0.025) == pytest.approx(20000 * 0.010)
     assert rates.target(0.06, host_cpu=lambda: 0.03) == pytest.approx(200)  # within the tick: it stands
     # The requests' way in and back comes off the deadline.

@@ -10,6 +10,7 @@ import copy
 
 import numpy as np
 import pytest
+from scheduler_support import agrees_with_loop
 
 from edgeserve.scheduler import LatencyModel, TaskQueue, Urgency
 from edgeserve.scheduler.fast_scoring import fast_candidates
@@ -100,18 +101,7 @@ def _check(policy, python, loop, queues, now, twin=None):
     twin = copy.deepcopy(queues) if twin is None else twin
     got = _decide(policy, queues, now)
     assert got == python.decide(twin, now)
-    expected = loop.decide(queues, now)
-    if expected is None:
-        assert got is None
-        return None
-    assert (got.model, got.exit, got.batch, got.predicted_s) == (
-        expected.model,
-        expected.exit,
-        expected.batch,
-        expected.predicted_s,
-    )
-    assert got.score == pytest.approx(expected.score, rel=1e-9)
-    return got
+    return agrees_with_loop(got, loop, queues, now)
 
 
 @pytest.mark.parametrize("n_models", [3, 16])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scheduler_support import agrees_with_loop
 
 from edgeserve.profile import ProfileTable
 from edgeserve.scheduler import LatencyModel, TaskQueue, Urgency
@@ -53,18 +54,7 @@ def _cache(queue: TaskQueue, field: int, run: int = 0) -> float:
 
 
 def _same(policy: GuardedStabilityPolicy, loop: GuardedStabilityPolicy, queues: list[TaskQueue], now: float):
-    got, expected = policy.decide(queues, now), loop.decide(queues, now)
-    if expected is None:
-        assert got is None
-        return None
-    assert (got.model, got.exit, got.batch, got.predicted_s) == (
-        expected.model,
-        expected.exit,
-        expected.batch,
-        expected.predicted_s,
-    )
-    assert got.score == pytest.approx(expected.score, rel=1e-9)
-    return got
+    return agrees_with_loop(policy.decide(queues, now), loop, queues, now)
 
 
 @pytest.mark.parametrize("n_models", [1, 3, 16])
