@@ -375,7 +375,10 @@ def infer(
     return Inference(manifest, inputs, outputs, full, check_batch, notes)
 
 
-BATCH_ATOL = 1e-4  # answers alone and in a batch that differ by more: the model is not batch-invariant
+# Answers alone and in a batch that differ by more: the model is not batch-invariant. float32
+# kernels that pick another algorithm per batch size differ by ~1e-6 relative; a batch-mixing
+# graph (normalising over the batch, padding to the longest) by 1e-2 or more: 1e-4 lies between.
+BATCH_ATOL = 1e-4
 BATCH_RTOL = 1e-4
 
 

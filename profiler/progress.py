@@ -20,8 +20,10 @@ from edgeserve.manifest import Manifest
 from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.validation import Feeds
 
-SLOW_S = 60.0  # an estimate above this prints the flags that shorten it
-PLAIN_EVERY_S = 10.0  # without a terminal: one progress line this often (and at the end)
+SLOW_S = 60.0  # an estimate above this prints the flags that shorten it (a person waits, unsure)
+# Without a terminal (a log, CI): one progress line this often (and at the end): a long profile
+# writes a few lines a minute, and a silence past 10 s is one.
+PLAIN_EVERY_S = 10.0
 BAR_WIDTH = 24
 
 

@@ -61,7 +61,11 @@ CLIENT_MAX_FRAME = 256 * 1024 * 1024
 # clients that share the total then probe it about once a second each, too seldom for the server
 # to take one for a flood (net/frontend.py FLOOD_FRAMES) and shrink its window below max_in_flight.
 REGROW_AFTER_S = 1.0
-# The most requests that wait in the client for the server's window (AsyncClient.connect max_backlog).
+# The most requests that wait in the client for the server's window (AsyncClient.connect max_backlog):
+# a caller sending faster than it is answered then hears `rejected` at once instead of waiting
+# behind work that will be late. Above any window a server derives (a deadline of answers: tens on
+# a CPU, ~2,000 for the H200 profile at 50 ms), so it binds only a caller that outruns the server
+# by more than a deadline's worth; the memory held is that many requests' tensors.
 MAX_BACKLOG = 4096
 
 
