@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint format bench clean
 
 $(STAMP): setup.cfg pyproject.toml setup.py edgeserve/runtime/_nap.c edgeserve/scheduler/_quick.c \
-		edgeserve/wire/_shapes.c edgeserve/wire/_infer.c edgeserve/net/_answer.c
+		edgeserve/net/_shapes.c edgeserve/wire/_infer.c edgeserve/net/_answer.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and exactly: a looser spec pulls a multi-GB CUDA build on a fresh machine.

@@ -1,6 +1,6 @@
 """Only the optional compiled parts live here; everything else is in setup.cfg.
 
-edgeserve.scheduler._quick is the default policy's usual decision in C, edgeserve.wire._shapes the
+edgeserve.scheduler._quick is the default policy's usual decision in C, edgeserve.net._shapes the
 refusal of a flood's frames by shape, edgeserve.wire._infer the common infer request read from its
 frame, edgeserve.net._answer the frame of an `ok` answer, edgeserve.runtime._nap the event loop's
 wait for the executor thread's next batch (see their headers). All are optional: where no C
@@ -26,8 +26,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "edgeserve.wire._shapes",
-            ["edgeserve/wire/_shapes.c"],
+            "edgeserve.net._shapes",
+            ["edgeserve/net/_shapes.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

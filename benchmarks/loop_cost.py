@@ -9,7 +9,7 @@ loop thread (from /proc, so a busy machine changes them little, unlike wall-cloc
 - refused: the server allows 1 request in flight per connection and the client sends bursts of
   `--burst` frames, so nearly every frame is refused `rejected` (window full) from its id; frames
   alike but for their id and tensor, which the server learns the shape of and refuses a block at
-  a time (wire/frame_shape.py); with `--varying`, frames whose structure changes (an int
+  a time (net/frame_shape.py); with `--varying`, frames whose structure changes (an int
   `deadline_ms` that differs from frame to frame), which it must refuse one by one.
 
 It starts `edgeserve serve` on the digits models of `make demo` (ONNX Runtime, 1 thread) and

@@ -1,5 +1,5 @@
-"""The frame of an `ok` answer, written from cached pieces: the same bytes as
-`encode_frame(result_message(...))`, in about two thirds of the time.
+"""The wire form of an answer (`result_message`), and the frame of an `ok` answer written from
+cached pieces: the same bytes as `encode_frame(result_message(...))`, in about two thirds of the time.
 
 Every served request costs the event loop one answer, and building the result map (four dicts, a
 tensor map per output, three rounded timings) and packing it was the largest single part of the
@@ -29,8 +29,9 @@ import msgpack
 import numpy as np
 
 from edgeserve.runtime import Result, Status
+from edgeserve.wire.bounds import ERROR_TEXT_LIMIT, cut
 from edgeserve.wire.frames import HEADER
-from edgeserve.wire.tensors import WIRE_READY  # the dtypes whose bytes are already the wire's
+from edgeserve.wire.tensors import WIRE_READY, encode_tensor  # WIRE_READY: bytes already the wire's
 
 try:  # the same frame written from the caches, compiled (setup.py; optional)
     from edgeserve.net._answer import frame as _compiled_frame
@@ -58,6 +59,45 @@ def timing_ms(seconds: float) -> float | None:
     if ms != ms:
         return None
     return round(ms * 1e4) / 1e4 if abs(ms) < ROUNDED_BELOW else ms
+
+
+def output_field(output: object) -> dict[str, Any] | None:
+    """The wire form of an output (None stays None)."""
+    return None if output is None else encode_tensor(np.asarray(output))
+
+
+def result_message(request_id: int, result: Result, priority: int | None) -> dict[str, Any]:
+    """The wire form of a Result (docs/protocol.md, "result")."""
+    exit_info = None
+    if result.exit_index is not None:
+        exit_info = {
+            "index": result.exit_index,
+            "name": result.exit_name,
+            "accuracy": result.expected_accuracy,
+        }
+    queued, start, end = result.queued, result.start, result.end
+    status = result.status
+    outputs = None if result.outputs is None else {k: output_field(v) for k, v in result.outputs.items()}
+    output = output_field(result.output) if not outputs else next(iter(outputs.values()))  # encoded once
+    return {
+        "type": "result",
+        "id": request_id,
+        "status": status.value,
+        "model": result.model,
+        "output": output,
+        "outputs": outputs,
+        "exit": exit_info,
+        "late": status is Status.OK and end > result.deadline,
+        "served_by": result.served_by,
+        "timings": {
+            "queue_ms": timing_ms(start - queued),
+            "service_ms": timing_ms(end - start),
+            "total_ms": timing_ms(end - queued),
+            "batch_size": result.batch_size,
+        },
+        "priority": priority,
+        "error": None if result.error is None else cut(result.error, ERROR_TEXT_LIMIT),
+    }
 
 
 def _ms(seconds: float) -> bytes:
@@ -119,19 +159,7 @@ class AnswerFrames:
                 first = layout[1]
             pieces += (layout[0], data)
         pack = self._pack
-        model = self._models.get(result.model)
-        if model is None:
-            fields = b"\xa6status\xa2ok\xa5model" + pack(result.model) + b"\xa6output"
-            model = _put(self._models, result.model, fields)
-        key = (result.exit_index, result.exit_name, result.expected_accuracy)
-        exit = self._exits.get(key)
-        if exit is None:
-            info = {"index": key[0], "name": key[1], "accuracy": key[2]}
-            exit = _put(self._exits, key, b"\xa4exit" + pack(info) + b"\xa4late")
-        served = self._served.get(result.served_by)
-        if served is None:
-            tail = b"\xa9served_by" + pack(result.served_by) + b"\xa7timings\x84\xa8queue_ms"
-            served = _put(self._served, result.served_by, tail)
+        model, exit, served = self._shared(result)
         queued, start, end = result.queued, result.start, result.end
         body = b"".join(
             (
@@ -159,6 +187,24 @@ class AnswerFrames:
             )
         )
         return HEADER.pack(len(body)) + body
+
+    def _shared(self, result: Result) -> tuple[bytes, bytes, bytes]:
+        """The packed fields an answer shares with the others of its model, exit and upstream."""
+        pack = self._pack
+        model = self._models.get(result.model)
+        if model is None:
+            fields = b"\xa6status\xa2ok\xa5model" + pack(result.model) + b"\xa6output"
+            model = _put(self._models, result.model, fields)
+        key = (result.exit_index, result.exit_name, result.expected_accuracy)
+        exit = self._exits.get(key)
+        if exit is None:
+            info = {"index": key[0], "name": key[1], "accuracy": key[2]}
+            exit = _put(self._exits, key, b"\xa4exit" + pack(info) + b"\xa4late")
+        served = self._served.get(result.served_by)
+        if served is None:
+            tail = b"\xa9served_by" + pack(result.served_by) + b"\xa7timings\x84\xa8queue_ms"
+            served = _put(self._served, result.served_by, tail)
+        return model, exit, served
 
     def _layout(self, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> tuple[bytes, bytes]:
         """An output's name and its tensor map up to its data (dtype, shape, the key "data" and

@@ -21,6 +21,7 @@ _EXPORTS = {
     "FrontendStats": "edgeserve.runtime.counters",
     "AnswerHolders": "edgeserve.runtime.answer_holders",
     "Sample": "edgeserve.runtime.validation",
+    "RuntimeSettings": "edgeserve.runtime.settings",
 }
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "FrontendStats",
     "RequestFailed",
     "Result",
+    "RuntimeSettings",
     "Sample",
     "Server",
     "Status",
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from edgeserve.runtime.counters import FrontendStats
     from edgeserve.runtime.results import RequestFailed, Result, Status
     from edgeserve.runtime.server import BackendFactory, Server, default_backend, load_config
+    from edgeserve.runtime.settings import RuntimeSettings
     from edgeserve.runtime.validation import Sample
 
 

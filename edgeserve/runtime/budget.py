@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeserve.scheduler.queues import TaskQueue
+from edgeserve.wire.bounds import real, timing_problem
 
 
 def shallow_costs(latency_s: Sequence[float]) -> tuple[float, ...]:
@@ -48,13 +49,65 @@ def queue_bound(slo_s: float, costs: Sequence[float]) -> int:
     return batches * full + full  # (+ a batch: what admission may still take as the head's batch runs)
 
 
+def request_budget(
+    slo_s: float, deadline_ms: object, capture_ts: object, wall_now: float
+) -> tuple[float, str | None]:
+    """(seconds from now to the request's deadline, None) or (nan, what is wrong with the request).
+
+    `deadline_ms` is a budget from now, `capture_ts` the Unix time of the capture (the SLO `slo_s`
+    runs from it), neither: the SLO from now; `wall_now` is time.time(). The bounds are the socket
+    codec's (wire/bounds.timing_problem): deadline_ms from 1 us to 1 day, capture_ts within a day
+    of the clock; any other value, of any type, is a problem (so `invalid`), never an exception. A
+    capture_ts in range but past the SLO gives a budget <= 0, answered `expired`.
+    """
+    problem = timing_problem(deadline_ms, capture_ts, wall_now)
+    if problem is not None:
+        return math.nan, problem
+    if capture_ts is not None:
+        captured = real(capture_ts)
+        assert captured is not None  # checked by timing_problem
+        return slo_s - (wall_now - captured), None
+    if deadline_ms is None:
+        return slo_s, None
+    budget_ms = real(deadline_ms)
+    assert budget_ms is not None  # checked by timing_problem
+    return budget_ms / 1000.0, None
+
+
+def late_on_arrival(total: float, waited: float, slo_s: float, captured: bool, busy: bool) -> str:
+    """Why a request whose `total` budget was spent before it was queued is answered `expired`:
+    it was `captured` that long ago (its SLO runs from the capture), or it `waited` that long to
+    be read, on a `busy` server (queues or a batch: overloaded) or an idle one (reading it took
+    longer than its deadline)."""
+    if captured:
+        slo_ms = slo_s * 1000.0
+        return f"captured {slo_ms - total * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
+    return f"waited {waited * 1000.0:.1f} ms to be read, past its {total * 1000.0:g} ms deadline " + (
+        "(the server is overloaded)"
+        if busy
+        else "(the server is not busy: reading a request takes that long here; give a "
+        "longer deadline_ms or slo_ms)"
+    )
+
+
 def planned_budget(
     total: float, waited: float, margin_s: float, lag_s: float, floor: float, step_s: float
 ) -> float:
     """Seconds from arrival the scheduler plans a request to finish in: its `total` budget less the
-    answer's way back (`margin_s`, the front's) and the loop's measured delays (`lag_s`), never
-    less than `floor` of what is left after the wait to be read (held in `step_s` steps so that
-    requests alike get one budget to the bit; see Server._enqueue)."""
+    answer's way back (`margin_s`, the front's) and the loop's measured delays (`lag_s`),
+    never less than `floor` of what is left after the wait to be read.
+
+    Why: the policy spends a task's slack on deeper exits up to its deadline, but the answer is not
+    back at the caller then: the loop has yet to pick up the batch (the answer lag, a high
+    quantile) and to run (the loop's delay, a mean), and a front's answer then crosses the kernel
+    and the client's read (`margin_s`). So the scheduler plans to that much before the deadline;
+    `late` still means the request's own deadline. The measured part is held steady (the Server moves it
+    by `step_s` at least) and the plan counts from the read, so that requests alike get one
+    budget to the bit: a queue with one budget is ordered by urgency, and the policy scores it in
+    a fraction of the time (scheduler/fast_scoring.py), which the executor waits for between two
+    batches. The floor too is held to `step_s` steps of the read-to-queue wait: it binds for short
+    deadlines under load, and a floor that moved with each request's microseconds of waiting gave
+    every task its own budget again."""
     held_wait = math.ceil(waited / step_s) * step_s
     least = min(held_wait + floor * (total - held_wait), total)
     return max(total - margin_s - lag_s, least)
@@ -73,7 +126,11 @@ def admission_excess(
     than it (its own queue's whole FIFO, itself included) runs at the shallowest exit in full
     batches, each `overhead_s` longer than its profile says (`BatchOverhead`). <= 0: some exit
     can still answer it in time (admit); > 0: none can (refuse), and after that many seconds of
-    serving a request like it would fit again."""
+    serving a request like it would fit again.
+
+    Refusing only then keeps every request some exit could serve; an idle server admits (nothing
+    is ahead; a deadline no exit meets at all is refused at start, deadline_check.py), and with
+    upstreams work the box cannot serve in time may go upstream instead (Server._enqueue)."""
     work = free_at - deadline
     for j, queue in enumerate(queues):
         n = len(queue)
@@ -87,6 +144,14 @@ def admission_excess(
             n = int(np.searchsorted(queue.deadlines, deadline, side="right"))
         work += work_s(n, costs[j], overhead_s)
     return work
+
+
+def overloaded(model: str, excess: float) -> str:
+    """Why deadline admission refused a request of `model`: `excess` (admission_excess, > 0)."""
+    return (
+        f"overloaded: {model!r} cannot answer within this request's deadline now "
+        f"(the work ahead needs {excess * 1000.0:.1f} ms more than it leaves)"
+    )
 
 
 def deepest_kept(

@@ -192,7 +192,7 @@ class Counters:
     busy_s: float = 0.0
     busy_cpu_s: float = 0.0  # CPU time of the thread running the batches, within busy_s
     policy_failures: int = 0  # decisions the configured policy failed to make (the fallback made them)
-    batches_ahead: int = 0  # batches the loop decided while the one before still ran (Server._decide_ahead)
+    batches_ahead: int = 0  # batches the loop decided while the one before still ran (Pipeline.decide_ahead)
     exits_kept_shallower: int = 0  # batches served shallower than the policy chose (budget.deepest_kept)
     batch_overhead_s: float = 0.0  # budget.BatchOverhead: a saturated batch's cycle beyond its profile
     started: float = field(default_factory=time.monotonic)
@@ -205,6 +205,10 @@ class Counters:
     busy_window: BusyWindow = field(default_factory=BusyWindow)
     idle_gap: Histogram = field(default_factory=lambda: Histogram(IDLE_GAP_BUCKETS_S))
     last_batch_end: float = -math.inf
+
+    def host_cpu_s(self) -> float:
+        """The process's CPU seconds outside the backend's batches: its Python (budget.Throughput)."""
+        return time.process_time() - self.busy_cpu_s
 
     def observe_ok(self, model: str, queued: float, start: float, end: float) -> None:
         """An `ok` answer's request, queue and compute durations (time.monotonic() seconds)."""

@@ -22,8 +22,10 @@ nothing is set); other systems have no such call. Linux on x86-64 and arm64 (Jet
 from __future__ import annotations
 
 import ctypes
+import logging
 import platform
 
+_log = logging.getLogger(__name__)
 MIN_S, MAX_S = 100e-6, 0.1  # the kernel clamps a requested slice to this range
 
 _SCHED_OTHER = 0
@@ -94,3 +96,20 @@ def set_thread_slice(seconds: float, tid: int = 0) -> bool:
         return False
     now = _fair_attr(call, tid)
     return now is not None and (wanted == 0 or now.sched_runtime == wanted)
+
+
+def shorten_slice(seconds: float) -> float | None:
+    """The calling thread (the loop's, after the executor's thread started, which keeps its own)
+    takes a slice of `seconds`; the slice it had, for the caller to give back when done (an
+    embedding app owns the thread), or None where nothing changed: no slice asked for, none
+    reported, or one it has already (another Server on it: left to whoever gave it)."""
+    before = thread_slice_s()
+    if (
+        seconds
+        and before is not None
+        and round(before * 1e9) != slice_ns(seconds)
+        and set_thread_slice(seconds)
+    ):
+        _log.debug("event loop thread: CPU slice %.2f ms (was %.2f ms)", seconds * 1e3, before * 1e3)
+        return before
+    return None

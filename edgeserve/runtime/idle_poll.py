@@ -5,7 +5,7 @@ On a VM that wake-up crosses the hypervisor (an interrupt to a halted virtual CP
 while the core halts its caches cool, so the next batch runs slower too. A client that sends its
 next request soon after its answer (one request at a time, a camera's pipeline waiting for each
 result) pays both on every request. While the loop has a callback ready its epoll does not block,
-so a callback that schedules itself again (Server._poll_idle) keeps the loop, and its core, awake
+so a callback that schedules itself again (Wakeups._poll) keeps the loop, and its core, awake
 without delaying anything the loop has to do: reads, timers and other callbacks run in between.
 
 Polling costs a core's time, so it lasts at most `window_s` after each batch that leaves the

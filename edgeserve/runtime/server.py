@@ -1,22 +1,22 @@
 """The serving core: an asyncio loop owns one FIFO queue per model and runs the scheduler.
 
-Requests are checked and queued on the loop. When the executor is idle and a request arrives, the
-loop asks the policy: drops are answered `expired`, a Dispatch pops a batch and hands it to the
-executor thread (one batch at a time; a short batch that empties the queues of an idle loop runs
-on the loop itself, see executor.py), a Wait sets one wake-up timer (replaced on the next
-arrival). As a batch ends the executor thread asks the same policy for the next one itself
-(`_follow`, under the lock the queues share), so the executor never waits for a busy loop; or,
-when a front's read came just before the batch's end, the loop decided it ahead
-(`_decide_ahead`) and the executor thread starts it without a decision in between. The
-finished batch goes back to the loop, which answers each request through its front's `reply`
-callback, so every request gets exactly one Result.
+Requests are checked and queued on the loop (`_enqueue`: validation.py checks the sample,
+budget.py plans the deadline and admits by it). When the executor is idle and a request arrives,
+the loop asks the policy: drops are answered `expired`, a Dispatch pops a batch and hands it to
+the executor thread (one batch at a time; a short batch that empties the queues of an idle loop
+runs on the loop itself, see executor.py), a Wait sets one wake-up timer (replaced on the next
+arrival; wakeups.py). As a batch ends the executor thread asks the same policy for the next one
+itself (Pipeline.follow, under the lock the queues share), so the executor never waits for a
+busy loop; or, when a front's read came just before the batch's end, the loop decided it ahead
+(Pipeline.decide_ahead) and the executor thread starts it without a decision in between
+(pipeline.py). The finished batch goes back to the loop, which answers each request through its
+front's `reply` callback (answers.py), so every request gets exactly one Result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -32,34 +32,37 @@ from edgeserve.config.server import BackendConfig, SchedulerConfig, ServerConfig
 from edgeserve.manifest import Manifest
 from edgeserve.profile import ProfileTable
 from edgeserve.repository import ModelRepository
-from edgeserve.runtime.answer_holders import AnswerHolders
+from edgeserve.runtime.answers import Answers, deliver
 from edgeserve.runtime.backends.base import Backend
 from edgeserve.runtime.batch_ceiling import cap_tables
 from edgeserve.runtime.budget import (
     BatchOverhead,
     Throughput,
     admission_excess,
-    deepest_kept,
     headroom,
+    late_on_arrival,
+    overloaded,
     planned_budget,
     queue_bound,
-    shallow_costs,
+    request_budget,
 )
 from edgeserve.runtime.calibration import LatencyCalibrator
 from edgeserve.runtime.calibration_store import save_calibrated
 from edgeserve.runtime.counters import Counters
-from edgeserve.runtime.cpu_slice import set_thread_slice, slice_ns, thread_slice_s
+from edgeserve.runtime.cpu_slice import set_thread_slice, shorten_slice
 from edgeserve.runtime.deadline_check import check_deadlines
 from edgeserve.runtime.executor import BatchRun, Executor, Job, inline_safe
 from edgeserve.runtime.idle_poll import IdlePoll
 from edgeserve.runtime.offload.offloader import OffloadContext, Offloader
+from edgeserve.runtime.pipeline import FALLBACK_POLICY, Pipeline
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.running_quantile import RunningQuantile
+from edgeserve.runtime.settings import RuntimeSettings
 from edgeserve.runtime.tasks import Task, TaskBook
-from edgeserve.runtime.validation import Sample
+from edgeserve.runtime.validation import Sample, SampleCheck
+from edgeserve.runtime.wakeups import Wakeups, hopeless_at
 from edgeserve.scheduler import (
     DEFAULT_POLICY,
-    Decision,
     Dispatch,
     LatencyModel,
     Policy,
@@ -68,37 +71,11 @@ from edgeserve.scheduler import (
     Wait,
     make_policy,
 )
-from edgeserve.wire.bounds import real, timing_problem
 
 _log = logging.getLogger(__name__)
 
 BackendFactory = Callable[[ModelRepository, BackendConfig], Backend]
 UNKNOWN_MODEL = "(unknown)"  # counter key for requests naming no served model: keys stay bounded
-MIN_WAKEUP_S = 1e-4  # a Wait that is already due is retried this much later, never in a busy loop
-TIMER_SLACK_S = 1e-3  # event-loop timers are ms-granular: fire a Wait's wake-up this much early
-# When the configured policy raises (a bug, or a state it cannot score), this simple rule decides
-# instead, so one bad decision never fails the requests queued behind it.
-FALLBACK_POLICY = "early-exit-edf"
-# The scheduler plans each task to finish before its deadline by the answer's way back, but
-# always keeps at least this share of the budget (Server._enqueue).
-PLAN_FLOOR = 0.5
-PLAN_LAG_STEP_S = 0.2e-3  # the plans' measured margin follows the loop's delays in steps this large
-LAG_WEIGHT = 0.2  # EWMA weight of the latest delay of a callback the loop schedules
-# The plans leave room for this quantile of a finished batch's wait for the loop, not its mean
-# (runtime/running_quantile.py): beside a busy Python client at 2x that wait was 0.6 ms at P50
-# and 2.5 ms at P95, and answers planned to the mean reached the client late.
-ANSWER_LAG_QUANTILE = 0.9
-ANSWER_LAG_STEP_S = 50e-6  # the most it moves a batch
-# Short batches run on the loop only while a callback it schedules runs within this (an EWMA):
-# past it the loop is busy reading, and a batch run there would hold every connection's frames.
-INLINE_LOOP_DELAY_S = 200e-6
-# Before a read, the loop decides the batch after the running one when that is due to end within
-# this, and this share of its predicted time at most (`_decide_ahead`); the executor thread then
-# starts it without deciding. "Due" is the end the batches' measured share of their predicted
-# (quantile) time gives, an EWMA of this weight.
-DECIDE_AHEAD_S = 300e-6
-DECIDE_AHEAD_SHARE = 0.4
-DUE_WEIGHT = 0.05
 
 
 def default_backend(repository: ModelRepository, config: BackendConfig) -> Backend:
@@ -147,19 +124,12 @@ def _resolve(future: asyncio.Future[Result], result: Result) -> None:
         future.set_result(result)
 
 
-def _deliver(reply: Callable[[Result], object], result: Result) -> None:
-    """Hand a Result to its front; a front's fault must not cost the other answers of a batch."""
-    try:
-        reply(result)
-    except Exception:
-        _log.exception("a front failed to take the answer of a %r request", result.model)
-
-
 class Server:
     """Serve the configured models until closed: `async with Server(config) as server: ...`.
 
     `backend_factory` builds the backend on the executor thread (tests wrap the real ONNX
-    Runtime backend with it); by default the config's backend is created.
+    Runtime backend with it); by default the config's backend is created. `settings`: the
+    core's tuning constants (RuntimeSettings' defaults unless given).
     """
 
     def __init__(
@@ -167,65 +137,55 @@ class Server:
         config: ServerConfig | Mapping[str, Any] | str | Path,
         *,
         backend_factory: BackendFactory | None = None,
+        settings: RuntimeSettings | None = None,
     ) -> None:
         self.config = load_config(config)
+        self.settings = settings = settings or RuntimeSettings()
         self._backend_factory = backend_factory or default_backend
         self._names = tuple(self.config.models)
         self._index = {name: i for i, name in enumerate(self._names)}
-        self._take_settings(self.config)
         self.counters = Counters()
         self._manifests: list[Manifest] = []
-        # per model and exit: the names its outputs are answered under (see _output_names)
-        self._output_names: list[list[tuple[str, ...]]] = []
-        # per model: (dtype, sample shape) of its one input, or None for a model with several inputs
-        self._inputs: list[tuple[np.dtype[Any], tuple[int, ...]] | None] = []
+        self._checks: list[SampleCheck] = []  # per model: its request check (validation.py)
         self._book = TaskBook(len(self._names))
         self._queues = self._book.queues  # the scheduler's view of the book
         self._executor: Executor | None = None
-        self._policy: Policy | None = None
-        self._fallback: Policy | None = None
-        self._latency: LatencyModel | None = None
-        self._shallowest_s: list[float] = []
-        # per model: seconds for 0..B tasks in one batch at the shallowest exit (budget.py)
-        self._shallow_costs: list[tuple[float, ...]] = []
+        self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
+        self._overhead = BatchOverhead(1.0)  # the horizon is the longest deadline (_use)
+        self._throughput = Throughput(1.0, 1.0)  # what the fronts may hold (deadlines: _use)
+        # The running batch, the one decided after it and the decisions (pipeline.py); its lock
+        # guards the queues, which the executor thread pops from as a batch ends.
+        self._pipeline = Pipeline(
+            self._book,
+            self._names,
+            self.counters,
+            self._overhead,
+            done=self._batch_done,
+            failed=self._unschedulable,
+            settings=settings,
+        )
+        self._lock = self._pipeline.lock
+        self._answers = Answers(self._book, self._names, self.counters, self._lock)
+        self._refuse = self._answers.refuse
+        self._idle_poll = IdlePoll(self.config.backend.idle_poll_us * 1e-6)  # see wakeups.py
+        self._wakeups = Wakeups(self._pipeline, self._idle_poll, self._decide, settings)
+        self._take_settings(self.config)
+        self._shallowest_s: list[float] = []  # per model: a batch of one at its shallowest exit
         # per model: the queue bound in force (max_queue, or derived from the deadline: _use)
         self._max_queue: list[int] = []
         self._full_batch: list[int] = []  # per model: its largest batch
-        self._overhead = BatchOverhead(1.0)  # the horizon is the longest deadline (_use)
-        self._throughput = Throughput(1.0, 1.0)  # what the fronts may hold (deadlines: _use)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._busy = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._decide_pending = False
+        self._loop_thread_id: int | None = None
         self._accepting = False
-        self._closed = False
         self._idle: asyncio.Event | None = None
         self._close_task: asyncio.Future[None] | None = None
-        self._offload: Offloader | None = None  # upstreams (docs/offload.md), when configured
-        self._busy_until = 0.0  # predicted end of the running batch (the offload planner reads it)
-        self._threaded = False  # the running batch is on the executor thread (not inline)
-        self._started_at = 0.0  # the running batch's start (its prediction: `_busy_until`)
-        self._due = 0.0  # when it is likely to end: its predicted time scaled by `_due_share`
-        self._decide_from = 0.0  # from when `_decide_ahead` may decide the batch after it
-        self._due_share = 1.0  # EWMA: the share of their predicted time batches on the thread take
-        # The batch after the running one, decided by the loop as that was due to end, and its
-        # predicted duration: `_follow` starts it (`_decide_ahead`).
-        self._ahead: tuple[Job, float] | None = None
-        self._loop_thread_id: int | None = None
-        self._inline_ok = False  # the backend lets the loop run short batches itself (executor.py)
-        self._loop_delay = 0.0  # EWMA: a callback the loop schedules waits this long to run
-        self._kicked_at = 0.0
         # A finished batch waits this long for the loop to answer it (a quantile of the waits).
-        self._answer_lag = RunningQuantile(ANSWER_LAG_QUANTILE, ANSWER_LAG_STEP_S)
-        # The fronts that write the answers handed out together in one write per connection.
-        self._answer_holders = AnswerHolders()
-        self._plan_lag = 0.0  # the two delays above as the plans use them (held: PLAN_LAG_STEP_S)
-        # The queues and the busy state are shared with the executor thread, which decides the
-        # next batch itself as one ends (`_follow`): every change to them holds this lock
-        # (reentrant: a failing policy answers the queued requests while the loop holds it).
-        self._lock = threading.RLock()
+        self._answer_lag = RunningQuantile(settings.answer_lag_quantile, settings.answer_lag_step_s)
+        # That wait and the loop's delay as the plans use them (held in steps: _enqueue).
+        self._plan_lag = 0.0
+        self._plan_floor, self._plan_step_s = settings.plan_floor, settings.plan_lag_step_s
+        self._lag_weight = settings.lag_weight
         self._calibration: LatencyCalibrator | None = None  # online latency calibration
-        self._idle_poll = IdlePoll(self.config.backend.idle_poll_us * 1e-6)  # see `_poll_idle`
         self._slice_before: float | None = None  # the loop thread's CPU slice before start (cpu_slice.py)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -235,25 +195,22 @@ class Server:
 
         A missing or stale profile fails here with the repository's error naming the command to run.
         """
-        if self._loop is not None or self._closed:
+        if self._loop is not None or self._pipeline.closed:
             raise RuntimeError("a Server starts once; create a new one to serve again")
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._wakeups.loop = asyncio.get_running_loop()
         self._loop_thread_id = threading.get_native_id()
         self._idle = asyncio.Event()
         self._idle.set()
         config = self.config
         repository = ModelRepository(Path(config.repository))
         self._manifests = await asyncio.to_thread(lambda: [repository.load_manifest(n) for n in self._names])
-        self._inputs = [
-            (np.dtype(m.inputs[0].dtype), tuple(m.inputs[0].shape)) if len(m.inputs) == 1 else None
-            for m in self._manifests
-        ]
-        self._output_names = [_output_names(m) for m in self._manifests]
+        self._checks = [SampleCheck.of(n, m) for n, m in zip(self._names, self._manifests, strict=True)]
+        self._answers.load(self._manifests)
         executor = Executor(lambda: self._backend_factory(repository, config.backend))
         self._executor = executor
         try:
             backend = await executor.open()
-            self._inline_ok = inline_safe(backend)
+            self._pipeline.inline_ok = inline_safe(backend)
             if hasattr(backend, "choose_profile"):  # emulated: which stored profile these models run
                 await executor.call(backend.choose_profile, self._names)
             fingerprint = await executor.call(backend.fingerprint)
@@ -266,31 +223,29 @@ class Server:
             for manifest in self._manifests:
                 await executor.load(manifest)
         except BaseException:
-            self._closed = True
+            self._pipeline.closed = True
             await executor.close()
             raise
-        self.counters = Counters()
+        self.counters = self._pipeline.counters = self._answers.counters = Counters()
         self.counters.queue_depth = {name: 0 for name in self._names}
         if config.upstreams:
-            self._offload = Offloader(self._offload_context(), config.upstreams)
+            context = OffloadContext(  # what the offloader may use of this Server
+                book=self._book,
+                models=self._names,
+                manifests=tuple(self._manifests),
+                latency=lambda: self.latency_model,
+                free_at=self._pipeline.free_at,
+                wake=self._wake,
+                finish=self._answers.finish,
+                changed=self._sync_depths,
+            )
+            self._offload = Offloader(context, config.upstreams)
+            self._take_settings(config)  # (again: the pipeline's modes depend on the upstreams)
             await self._offload.start()
-        self._shorten_slice(config.backend.loop_slice_us * 1e-6)
+        # The loop's thread takes a short CPU slice; `close` gives the old one back.
+        self._slice_before = shorten_slice(config.backend.loop_slice_us * 1e-6)
         self._accepting = True
         return self
-
-    def _shorten_slice(self, seconds: float) -> None:
-        """The loop's thread takes a short CPU slice, after the executor's thread started (which
-        keeps its own); `close` gives the old one back (an embedding app owns the thread). A thread
-        that has it already (another Server on it) is left to whoever gave it."""
-        before = thread_slice_s()
-        if (
-            seconds
-            and before is not None
-            and round(before * 1e9) != slice_ns(seconds)
-            and set_thread_slice(seconds)
-        ):
-            self._slice_before = before
-            _log.debug("event loop thread: CPU slice %.2f ms (was %.2f ms)", seconds * 1e3, before * 1e3)
 
     async def __aenter__(self) -> Server:
         return await self.start()
@@ -306,20 +261,21 @@ class Server:
         await asyncio.shield(self._close_task)
 
     async def _close(self, timeout_s: float | None) -> None:
-        if self._closed:
+        if self._pipeline.closed:
             return
         self._accepting = False
         if self._idle is not None:
             timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout)
-        self._closed = True
+        self._pipeline.closed = True
         self._book.closed = True
-        self._cancel_timer()
+        self._wakeups.cancel()
         now = time.monotonic()
-        self._answer_queued(Status.SHUTDOWN, now, "server shut down")
+        answers = self._answers
+        answers.drain(Status.SHUTDOWN, now, "server shut down")
         for task in list(self._book.open.values()):  # running here or upstream: answer without waiting
-            self._finish(task, self._result(task, Status.SHUTDOWN, now, error="server shut down"))
+            answers.finish(task, answers.result(task, Status.SHUTDOWN, now, error="server shut down"))
         if self._executor is not None:
             await self._executor.close()  # waits for a running batch on the executor thread
         if self._offload is not None:  # its in-flight tasks were answered `shutdown` just above
@@ -361,25 +317,28 @@ class Server:
         # One synchronous block on the loop: no decision can see half of the old and half the new.
         self._take_settings(new)
         self._use(latency, policy, fallback)
-        if not self._busy:
-            self._kick()  # a pending Wait was computed by the old policy: decide again now
+        if not self._pipeline.busy:
+            self._wakeups.kick()  # a pending Wait was computed by the old policy: decide again now
         return changed
 
     def _take_settings(self, config: ServerConfig) -> None:
-        """The per-model limits and the late-task mode, read on every request, from `config`."""
+        """The per-model limits and the late-task mode, read on every request, from `config`, and
+        the pipeline's modes (which depend on the upstreams too)."""
         self.config = config
         self._queue_limits = [config.models[n].max_queue for n in self._names]  # None: derived
         self._budget_s = [config.models[n].slo_ms / 1000.0 for n in self._names]
         self._expire_late = config.scheduler.late_tasks == "expire"
-        self._inline_max_s = config.backend.inline_max_ms / 1000.0
         self._admit_by_deadline = config.scheduler.admission == "deadline"
+        pipeline, upstreams = self._pipeline, self._offload is not None
+        pipeline.inline_max_s = config.backend.inline_max_ms / 1000.0
+        pipeline.loop_only = self._expire_late or upstreams  # decisions only the loop acts on
+        pipeline.keeps_tail = self._admit_by_deadline and not upstreams
 
     def _use(self, latency: LatencyModel, policy: Policy, fallback: Policy) -> None:
         """Schedule with these from the next decision on (what start and reload install)."""
         with self._lock:
-            self._latency, self._policy, self._fallback = latency, policy, fallback
+            self._pipeline.use(latency, policy, fallback)
             self._shallowest_s = [m.latency(0, 1) for m in latency.models]
-            self._cost_work(latency)
             self._full_batch = [m.max_batch for m in latency.models]
             self._overhead.horizon_s = max(self._budget_s)
             # (a reload keeps the rate measured so far)
@@ -387,7 +346,7 @@ class Server:
             self._max_queue = [
                 queue_bound(budget, costs) if limit is None else limit
                 for limit, budget, costs in zip(
-                    self._queue_limits, self._budget_s, self._shallow_costs, strict=True
+                    self._queue_limits, self._budget_s, self._pipeline.costs, strict=True
                 )
             ]
             # Online calibration: updates `latency` in place from the batch times observed.
@@ -414,10 +373,6 @@ class Server:
         force is less: `in_flight_limit`)."""
         return max(self._full_batch, default=1), max(self._max_queue, default=1)
 
-    def _host_cpu_s(self) -> float:
-        """The process's CPU seconds outside the backend's batches: its Python (budget.Throughput)."""
-        return time.process_time() - self.counters.busy_cpu_s
-
     def in_flight_limit(self, in_flight: int, margin_s: float = 0.0) -> int:
         """How many requests a front with `in_flight` of them unanswered should hold now: no more
         than deadline admission would still take on top (budget.headroom, the accelerator's
@@ -425,14 +380,15 @@ class Server:
         front's `margin_s` and the loop's delays, as the plans; budget.Throughput). A front
         refuses past it without decoding; the requests it lets through are checked exactly.
         Unbounded when admission is by count (or work may go upstream)."""
-        if not self._admit_by_deadline or self._offload is not None or not self._shallow_costs:
+        costs = self._pipeline.costs
+        if not self._admit_by_deadline or self._offload is not None or not costs:
             return 1 << 30
         now = time.monotonic()
-        target = self._throughput.target(now, self._host_cpu_s, margin_s + self._plan_lag)
+        target = self._throughput.target(now, self.counters.host_cpu_s, margin_s + self._plan_lag)
         # Without the lock (the executor thread holds it while it decides): only the queues'
         # lengths are read, and an estimate a batch old only moves which frames are decoded.
-        free_in = self._free_for_admission(now) - now
-        room = headroom(self._queues, free_in, self._budget_s, self._shallow_costs, self._overhead.value)
+        free_in = self._pipeline.free_for_admission(now) - now
+        room = headroom(self._queues, free_in, self._budget_s, costs, self._overhead.value)
         floor = sum(self._full_batch)  # a batch of every model: what the scheduler needs to batch
         return int(min(max(target, floor), in_flight + max(room, 1), 1 << 30))
 
@@ -446,9 +402,10 @@ class Server:
 
     @property
     def latency_model(self) -> LatencyModel:
-        if self._latency is None:
+        latency = self._pipeline.latency
+        if latency is None:
             raise RuntimeError("server not started")
-        return self._latency
+        return latency
 
     def snapshot(self) -> dict[str, Any]:
         """The counters as plain dicts (call on the loop thread)."""
@@ -516,24 +473,26 @@ class Server:
         """Answer the batches that have ended now, not a loop turn later (executor.py): a front
         door calls it before it reads, so the windows the answers free take the frames it reads.
         First, if the running batch is due to end, decide the next one for the executor thread
-        (`_decide_ahead`) and step aside for it."""
+        (Pipeline.decide_ahead) and step aside for it."""
         executor = self._executor
         if executor is not None:
-            if self._threaded and self._ahead is None:
-                self._decide_ahead()
-            executor.step_aside(self._busy_until)
-            self._answer_holders.hold()
+            pipeline = self._pipeline
+            if pipeline.threaded and pipeline.ahead is None:
+                pipeline.decide_ahead()
+            executor.step_aside(pipeline.ends)
+            holders = self._answers.holders
+            holders.hold()
             try:
                 executor.run_completed()
             finally:
-                self._answer_holders.release()
+                holders.release()
 
     def answers_together(self, hold: Callable[[], None], release: Callable[[], None]) -> None:
         """A front that can hold answers: the Server calls `hold()` before it hands out the answers
         of the batches that ended and `release()` after the last, so that the front writes each
         connection's answers in one write (one syscall and one wake-up of its client per batch,
         not per answer). Answers handed out otherwise (a refusal, a drop) are not held."""
-        self._answer_holders.add(hold, release)
+        self._answers.holders.add(hold, release)
 
     def enqueue(
         self,
@@ -554,7 +513,7 @@ class Server:
         runs from then, so a request that waited in the front's buffer has that much less."""
         task = self._enqueue(model, x, deadline_ms, capture_ts, reply, reply_margin_s, received)
         if isinstance(task, Result):
-            _deliver(reply, task)
+            deliver(reply, task)
             return None
         return task
 
@@ -577,26 +536,16 @@ class Server:
         if m < 0:
             why = f"unknown model {model!r}; served: {', '.join(self._names)}"
             return self._refuse(UNKNOWN_MODEL, Status.INVALID, now, why, model)
-        total, problem = self._budget(m, deadline_ms, capture_ts)
+        slo_s = self._budget_s[m]
+        total, problem = request_budget(slo_s, deadline_ms, capture_ts, time.time())
         waited = 0.0 if received is None or capture_ts is not None else max(now - received, 0.0)
+        pipeline = self._pipeline
         if problem is None and total <= waited:
-            if capture_ts is not None:
-                slo_ms = self._budget_s[m] * 1000.0
-                why = f"captured {slo_ms - total * 1000.0:.1f} ms ago, past the {slo_ms:g} ms SLO"
-            else:
-                busy = self._busy or any(self._queues)  # else: the deadline is shorter than a read
-                why = (
-                    f"waited {waited * 1000.0:.1f} ms to be read, past its {total * 1000.0:g} ms deadline "
-                    + (
-                        "(the server is overloaded)"
-                        if busy
-                        else "(the server is not busy: reading a request takes that long here; give a "
-                        "longer deadline_ms or slo_ms)"
-                    )
-                )
+            busy = pipeline.busy or any(self._queues)  # else: the deadline is shorter than a read
+            why = late_on_arrival(total, waited, slo_s, capture_ts is not None, busy)
             return self._refuse(model, Status.EXPIRED, now, why)
         if problem is None:
-            x, problem = self._sample(m, x)
+            x, problem = self._checks[m].check(x)
         if problem is not None:
             return self._refuse(model, Status.INVALID, now, problem)
         queue = self._queues[m]
@@ -604,49 +553,24 @@ class Server:
             why = f"queue of {model!r} is full (max_queue {self._max_queue[m]})"
             return self._refuse(model, Status.REJECTED, now, why)
         assert self._loop is not None and self._idle is not None
-        # The policy spends a task's slack on deeper exits up to its deadline, but the answer is
-        # not back at the caller then: the loop has yet to pick up the batch (answer_lag, a high
-        # quantile) and to run (loop_delay, a mean), and a front's answer then crosses the kernel
-        # and the client's read (margin_s). So the scheduler plans to that much before the
-        # deadline, never to less than PLAN_FLOOR of what is left; `late` still means the
-        # request's own deadline.
-        # The measured part is held steady (it moves by PLAN_LAG_STEP_S at least) and the plan
-        # counts from the read, so that requests alike get one budget to the bit: a queue with
-        # one budget is ordered by urgency, and the policy scores it in a fraction of the time
-        # (scheduler/fast_scoring.py), which the executor waits for between two batches.
-        # The floor too is held to PLAN_LAG_STEP_S steps of the read-to-queue wait: it binds for
-        # short deadlines under load, and a floor that moved with each request's microseconds of
-        # waiting gave every task its own budget again.
-        lag = self._answer_lag.value + self._loop_delay
-        if abs(lag - self._plan_lag) > PLAN_LAG_STEP_S:
+        # Plan to before the deadline by the answer's way back, held in steps (budget.planned_budget).
+        step_s, lag = self._plan_step_s, self._answer_lag.value + pipeline.loop_delay
+        if abs(lag - self._plan_lag) > step_s:
             self._plan_lag = lag
-        plan = planned_budget(total, waited, margin_s, self._plan_lag, PLAN_FLOOR, PLAN_LAG_STEP_S)
-        # Deadline admission (budget.py): refused only when even the shallowest exit, after the
-        # running batch and every queued task due before it (in full batches at their shallowest
-        # exits), cannot answer it by its planned deadline, which already leaves the answer's way
-        # back. An idle server admits: nothing is ahead (a deadline no exit meets at all is refused
-        # at start, deadline_check.py). (With upstreams, work the box cannot serve in time may go
-        # upstream instead.) The queues are read under the lock: the executor thread pops batches
-        # from them (`_follow`).
+        plan = planned_budget(total, waited, margin_s, self._plan_lag, self._plan_floor, step_s)
+        # Deadline admission (budget.admission_excess), under the lock Pipeline.follow pops with.
         by_deadline = self._admit_by_deadline and self._offload is None
         with self._lock:
             excess = 0.0
-            if by_deadline and (self._busy or self._ahead is not None or any(self._queues)):
-                due = now - waited + plan
-                free_at = self._free_for_admission(now)
-                excess = admission_excess(
-                    self._queues, m, due, free_at, self._shallow_costs, self._overhead.value
-                )
+            if by_deadline and (pipeline.busy or pipeline.ahead is not None or any(self._queues)):
+                due, free_at = now - waited + plan, pipeline.free_for_admission(now)
+                excess = admission_excess(self._queues, m, due, free_at, pipeline.costs, self._overhead.value)
             task = None if excess > 0 else self._book.add(m, x, reply, now, plan, total, arrival=now - waited)
         if task is None:
-            why = (
-                f"overloaded: {model!r} cannot answer within this request's deadline now "
-                f"(the work ahead needs {excess * 1000.0:.1f} ms more than it leaves)"
-            )
-            return self._refuse(model, Status.REJECTED, now, why)
+            return self._refuse(model, Status.REJECTED, now, overloaded(model, excess))
         self.counters.queue_depth[model] = len(queue)
         self._idle.clear()
-        if self._busy and self._offload is not None:
+        if pipeline.busy and self._offload is not None:
             self._offload.poke()  # work beyond local capacity may go upstream now
         self._wake()
         return task
@@ -656,137 +580,6 @@ class Server:
     ) -> list[Result]:
         """One request per sample (xs: (N, *shape) or a list); Results in the same order."""
         return list(await asyncio.gather(*(self.infer(model, x, deadline_ms=deadline_ms) for x in xs)))
-
-    # -- request checks and answers ----------------------------------------------------------------
-
-    def _budget(self, m: int, deadline_ms: object, capture_ts: object) -> tuple[float, str | None]:
-        """(seconds from now to the deadline, None) or (nan, what is wrong with the request).
-
-        The bounds are the socket codec's (wire/bounds.timing_problem): deadline_ms from 1 µs to
-        1 day, capture_ts within a day of time.time(); any other value, of any type, is a problem
-        (so `invalid`), never an exception. A capture_ts in range but past the SLO gives a budget
-        <= 0, which the caller answers `expired`.
-        """
-        now = time.time()
-        problem = timing_problem(deadline_ms, capture_ts, now)
-        if problem is not None:
-            return math.nan, problem
-        if capture_ts is not None:
-            captured = real(capture_ts)
-            assert captured is not None  # checked by timing_problem
-            return self._budget_s[m] - (now - captured), None
-        if deadline_ms is None:
-            return self._budget_s[m], None
-        budget_ms = real(deadline_ms)
-        assert budget_ms is not None  # checked by timing_problem
-        return budget_ms / 1000.0, None
-
-    def _sample(self, m: int, x: Any) -> tuple[Any, str | None]:
-        """(the sample as the executor stacks it, None) or (x, what is wrong with it).
-
-        A single-input model takes the bare array, or a one-entry map naming its input; a model
-        with several inputs takes a map from each input's name to its array.
-        """
-        single = self._inputs[m]
-        if single is not None:
-            dtype, shape = single
-            if type(x) is np.ndarray and x.dtype == dtype and x.shape == shape:
-                return x, None  # the common case, in well under a microsecond
-            if isinstance(x, dict) and len(x) == 1:
-                name = self._manifests[m].inputs[0].name
-                if name in x:
-                    x = x[name]
-        name = self._names[m]
-        inputs = self._manifests[m].inputs
-        if single is None or isinstance(x, dict):
-            if not isinstance(x, dict) or set(x) != {t.name for t in inputs}:
-                given = sorted(map(str, x)) if isinstance(x, dict) else type(x).__name__
-                names = ", ".join(t.name for t in inputs)
-                return x, f"model {name!r} takes the inputs {names} (a map from name to array), got {given}"
-            for spec in inputs:
-                who = f"input {spec.name!r} of model {name!r}"
-                problem = _tensor_problem(who, np.dtype(spec.dtype), spec.shape, x[spec.name])
-                if problem is not None:
-                    return x, problem
-            return x, None
-        return x, _tensor_problem(f"model {name!r}", *single, x)
-
-    def _refuse(self, key: str, status: Status, now: float, error: str, model: str | None = None) -> Result:
-        """Answer at once without queueing; counted under `key` (a served model or UNKNOWN_MODEL).
-        An `expired` (past its deadline before it could be queued) is a deadline violation too."""
-        self.counters.requests[(key, status.value)] += 1
-        if status is Status.EXPIRED:
-            self.counters.violations[key] += 1
-        return Result(status=status, model=key if model is None else model, queued=now, end=now, error=error)
-
-    def _result(
-        self,
-        task: Task,
-        status: Status,
-        end: float,
-        *,
-        error: str | None = None,
-        outputs: dict[str, np.ndarray] | None = None,
-        exit: int | None = None,
-        start: float = math.nan,
-        batch_size: int = 0,
-    ) -> Result:
-        manifest = self._manifests[task.model]
-        spec = manifest.exits[exit] if exit is not None else None
-        return Result(
-            status=status,
-            model=self._names[task.model],
-            output=None if not outputs else next(iter(outputs.values())),
-            outputs=outputs,
-            exit_index=exit,
-            exit_name=spec.name if spec else None,
-            expected_accuracy=spec.accuracy if spec else None,
-            batch_size=batch_size,
-            queued=task.queued,
-            dispatch=task.dispatch,
-            start=start,
-            end=end,
-            deadline=task.requested,
-            error=error,
-        )
-
-    def _finish(self, task: Task, result: Result) -> None:
-        """Answer a task exactly once and count the answer."""
-        if self._answer(task, result):
-            self._count(result)
-
-    def _answer(self, task: Task, result: Result) -> bool:
-        """Hand a task its answer unless it had one (later answers, e.g. after shutdown, are
-        ignored); whether this one went out."""
-        if not self._book.answer(task):
-            return False
-        _deliver(task.reply, result)
-        return True
-
-    def _count(self, result: Result) -> None:
-        """An answer's counters (after its delivery: no answer waits for them)."""
-        self._count_batch([result])
-
-    def _count_batch(self, answered: list[Result]) -> None:
-        """The counters of answers that share their status, model, exit and times (one answer, or
-        a batch's): each `ok` counter once per batch, not once per answer (the same counts)."""
-        counters = self.counters
-        if not answered or answered[0].status is not Status.OK:
-            for result in answered:
-                counters.requests[(result.model, result.status.value)] += 1
-                if result.status is Status.EXPIRED:
-                    counters.violations[result.model] += 1
-            return
-        first, n = answered[0], len(answered)
-        model, end = first.model, first.end
-        counters.requests[(model, Status.OK.value)] += n
-        late = sum(result.late for result in answered)
-        if late:
-            counters.violations[model] += late
-        if first.exit_name is not None:
-            counters.exit_mix[(model, first.exit_name)] += n
-        counters.observe_ok_batch(model, [result.queued for result in answered], first.start, end)
-        counters.served[(model, first.served_by)] += n
 
     def _on_cancel(self, task: Task) -> None:
         """A caller gave up: drop its task if still queued; a running batch completes regardless."""
@@ -800,92 +593,19 @@ class Server:
         """Export the queue depths and set the idle event if nothing is left (after any change)."""
         for m, name in enumerate(self._names):
             self.counters.queue_depth[name] = len(self._queues[m])
-        self._update_idle()
+        in_flight = 0 if self._offload is None else self._offload.in_flight
+        if self._idle is not None and not self._pipeline.busy and not any(self._queues) and not in_flight:
+            self._idle.set()
 
     # -- scheduling --------------------------------------------------------------------------------
 
     def _wake(self) -> None:
         """New work in the queues: decide soon if the executor is free; while it is busy, re-arm the
         timer that answers a task `expired` as soon as it turns hopeless (expire mode)."""
-        if not self._busy:
-            self._kick()
+        if not self._pipeline.busy:
+            self._wakeups.kick()
         elif self._expire_late:
-            self._arm_timer(math.inf)
-
-    def _cost_work(self, latency: LatencyModel) -> None:
-        """Admission's costs from the latency table (at start, reload and calibration): each
-        model's shallowest-exit batches at the quantile the policy plans with. (Tried: their means
-        and one tail, as a queue of many batches rarely draws all their tails; more late answers
-        on the emulated accelerator at 3-5x, 5.2 against 2.7 points at 3x, and no better on the
-        CPU once its profile was steady.)"""
-        self._shallow_costs = [
-            shallow_costs(m.by_batch[b][0] for b in range(m.max_batch)) for m in latency.models
-        ]
-
-    def _free_for_admission(self, now: float) -> float:
-        """When the executor can start on the queues: after the running batch (one that overran its
-        profile may run as long again) and the batch decided after it. Exact under the lock
-        (admission); an estimate a batch old without it (`in_flight_limit`)."""
-        free_at = self._busy_until if self._busy else now
-        if free_at < now:
-            free_at = 2.0 * now - self._started_at if self._busy else now
-        if self._ahead is not None:
-            free_at += self._ahead[1]
-        return free_at
-
-    def _free_at(self, now: float) -> float:
-        """When the executor is free: now, or the running batch's predicted end."""
-        return self._busy_until if self._busy else now
-
-    def _kick(self) -> None:
-        """Decide soon (once per loop iteration, so a burst of arrivals is batched together)."""
-        if self._busy or self._decide_pending or self._closed:
-            return
-        assert self._loop is not None
-        self._decide_pending = True
-        self._kicked_at = now = time.monotonic()
-        self._idle_poll.busy(now)
-        self._loop.call_soon(self._decide_now)
-
-    def _decide_now(self) -> None:
-        self._decide_pending = False
-        self._loop_delay += LAG_WEIGHT * (time.monotonic() - self._kicked_at - self._loop_delay)
-        self._decide(here=True)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _arm_timer(self, until: float) -> None:
-        """One wake-up: a Wait's `until` (fired TIMER_SLACK_S early, the policy then asked as of
-        `until`), or, in expire mode, the moment a queued task turns hopeless if that is sooner."""
-        hopeless = math.inf
-        if self._expire_late:
-            for m, queue in enumerate(self._queues):
-                if queue:
-                    hopeless = min(hopeless, float(queue.deadlines.min()) - self._shallowest_s[m])
-        self._cancel_timer()
-        assert self._loop is not None
-        if until - TIMER_SLACK_S <= hopeless and not math.isinf(until):
-            delay = max(until - TIMER_SLACK_S - time.monotonic(), MIN_WAKEUP_S)
-            self._timer = self._loop.call_later(delay, self._decide, until)
-        elif not math.isinf(hopeless):
-            delay = max(hopeless - time.monotonic(), MIN_WAKEUP_S)
-            self._timer = self._loop.call_later(delay, self._decide)
-
-    def _expire_hopeless(self, now: float) -> list[tuple[Task, Result]]:
-        """Lazy drop: the tasks even the shallowest exit at batch 1 cannot save, out of their queues,
-        with their `expired` Results (answered by the caller, after the lock)."""
-        out: list[tuple[Task, Result]] = []
-        for m, queue in enumerate(self._queues):
-            if not queue:
-                continue
-            hopeless = queue.deadlines < now + self._shallowest_s[m]
-            if hopeless.any():
-                for task in self._book.drop(m, queue.ids[hopeless].copy()):
-                    out.append((task, self._result(task, Status.EXPIRED, now, error="cannot meet deadline")))
-        return out
+            self._wakeups.arm(math.inf, hopeless_at(self._queues, self._shallowest_s))
 
     def _decide(self, wake_at: float = -math.inf, here: bool = False) -> None:
         """Expire hopeless tasks (expire mode); if the executor is free, ask the policy and act.
@@ -894,283 +614,88 @@ class Server:
         that time, so timer granularity (1 ms in uvloop and epoll) never delays a deferred batch.
         `here`: an inline batch runs in this callback (see `_dispatch`).
         """
-        if self._closed:
+        pipeline, answers = self._pipeline, self._answers
+        if pipeline.closed:
             return
-        self._cancel_timer()
-        assert self._policy is not None and self._loop is not None
+        self._wakeups.cancel()
         now = time.monotonic()
         with self._lock:
             answer: list[tuple[Task, Result]] = []
             if self._expire_late:
-                answer += self._expire_hopeless(now)
+                answer += answers.hopeless(now, self._shallowest_s)
             if self._offload is not None:
                 self._offload.plan(now)  # first, so the policy plans only what stays local
             decision = None
-            if not self._busy and any(self._queues):
-                t0 = time.perf_counter()
-                decision = self._ask_policy(max(now, wake_at), now)
-                self.counters.decision.add(time.perf_counter() - t0)
+            if not pipeline.busy and any(self._queues):
+                decision = pipeline.decide_next(max(now, wake_at), now, loop=True)
             job, inline = None, False
             if decision is not None:
                 for drop in decision.drops:
                     for task in self._book.drop(drop.model, drop.task_ids):
-                        result = self._result(task, Status.EXPIRED, now, error="dropped by the policy")
-                        answer.append((task, result))
+                        answer.append(
+                            (task, answers.result(task, Status.EXPIRED, now, error="dropped by the policy"))
+                        )
                 if isinstance(decision, Dispatch):
-                    inline = self._runs_inline(decision)
-                    job = self._take(decision, now, inline, hopped=inline and not here)
-            self._arm_timer(decision.until if isinstance(decision, Wait) else math.inf)
+                    inline = pipeline.runs_inline(decision)
+                    job = pipeline.take(decision, now, inline, hopped=inline and not here)
+            hopeless = hopeless_at(self._queues, self._shallowest_s) if self._expire_late else math.inf
+            self._wakeups.arm(decision.until if isinstance(decision, Wait) else math.inf, hopeless)
         for task, result in answer:
-            self._finish(task, result)
+            answers.finish(task, result)
         if job is not None:
             self._dispatch(job, inline, here)
         self._sync_depths()
 
-    def _runs_inline(self, decision: Dispatch) -> bool:
-        """Whether the loop runs this batch itself (executor.py): it is short and takes every queued
-        task. Under load (tasks left queued) the executor thread runs it, in parallel with the
-        loop's reads, and decides the next one itself as it ends."""
-        return (
-            self._inline_ok
-            and decision.predicted_s <= self._inline_max_s
-            and self._loop_delay <= INLINE_LOOP_DELAY_S
-            and sum(map(len, self._queues)) <= decision.batch
-        )
-
-    def _take(self, decision: Dispatch, now: float, inline: bool = False, hopped: bool = False) -> Job:
-        """Pop the decided batch and mark the executor busy (holding the lock); an `inline` batch's
-        callback says so, so that it frees the executor and answers before the next batch runs,
-        and whether the batch waits for a loop callback of its own (`hopped`, see `_dispatch`)."""
-        self._start(now, decision.predicted_s, threaded=not inline)
-        return self._job(decision, now, inline, hopped)
-
-    def _start(self, now: float, predicted_s: float, threaded: bool) -> None:
-        self._busy, self._threaded = True, threaded
-        self._busy_until, self._started_at = now + predicted_s, now
-        self._due = now + self._due_share * predicted_s
-        self._decide_from = self._due - min(DECIDE_AHEAD_S, DECIDE_AHEAD_SHARE * predicted_s)
-
-    def _job(self, decision: Dispatch, now: float, inline: bool = False, hopped: bool = False) -> Job:
-        tasks = self._book.pop(decision.model, decision.batch, now)
-        m = decision.model
-        return (
-            self._names[m],
-            decision.exit,
-            [t.x for t in tasks],
-            functools.partial(self._batch_done, m, decision.exit, tasks, inline, hopped),
-        )
-
-    def _follow(self) -> Job | None:
-        """On the executor thread, as a batch ends: the next batch, decided at once by the same
-        policy on the same queues, so the executor does not wait a loop turn for it; None when the
-        loop must decide (nothing queued, or a mode whose decisions answer requests or talk to
-        upstreams: those happen on the loop, when the finished batch's callback reaches it). The
-        batch the loop decided ahead (`_decide_ahead`), if any, without deciding."""
-        with self._lock:
-            predicted_s = self._busy_until - self._started_at
-            if self._threaded and predicted_s > 0:  # (a quantile: most batches end sooner)
-                share = min(max((time.monotonic() - self._started_at) / predicted_s, 0.2), 2.0)
-                self._due_share += DUE_WEIGHT * (share - self._due_share)
-            self._busy = self._threaded = False
-            ahead, self._ahead = self._ahead, None
-            if self._closed:
-                return None  # (an ahead batch's tasks were answered `shutdown` with the rest)
-            if ahead is not None:
-                job, predicted_s = ahead
-                self._start(time.monotonic(), predicted_s, threaded=True)
-                self.counters.batches_ahead += 1
-                return job
-            if self._expire_late or self._offload is not None or not any(self._queues):
-                return None
-            now = time.monotonic()
-            decision = self._thread_decision(now)
-            return None if decision is None else self._take(decision, now)
-
-    def _thread_decision(self, at: float) -> Dispatch | None:
-        """The policy's batch as of `at` for the executor thread (holding the lock); None where the
-        loop must decide instead: the policy raised (the loop asks again, logs and falls back:
-        `_ask_policy`), it waits or drops, or the batch is short (the loop runs it itself)."""
-        assert self._policy is not None
-        t0 = time.perf_counter()
-        try:
-            decision = self._policy.decide(self._queues, at)
-        except Exception:
-            return None
-        self.counters.decision.add(time.perf_counter() - t0)
-        if not isinstance(decision, Dispatch) or decision.drops or self._runs_inline(decision):
-            return None
-        return self._kept(decision, at)
-
-    def _kept(self, decision: Decision, at: float) -> Decision:
-        """The policy's batch at an exit no deeper than keeps deadline admission's promise to the
-        tasks it leaves queued (budget.deepest_kept), for a policy that chooses exits to keep
-        tasks (`guards_the_tail`: the default's family); holding the lock."""
-        if (
-            not isinstance(decision, Dispatch)
-            or not self._admit_by_deadline
-            or self._offload is not None
-            or not getattr(self._policy, "guards_the_tail", False)
-        ):
-            return decision
-        model = self.latency_model.models[decision.model]
-        pos = model.exit_ids.index(decision.exit)
-        if pos == 0:
-            return decision
-        column = model.by_batch[decision.batch - 1]
-        kept = deepest_kept(
-            self._queues,
-            decision.model,
-            decision.batch,
-            at,
-            column[: pos + 1],
-            self._shallow_costs,
-            self._overhead.value,
-        )
-        if kept == pos:
-            return decision
-        self.counters.exits_kept_shallower += 1
-        return dataclasses.replace(decision, exit=model.exit_ids[kept], predicted_s=column[kept])
-
-    def _decide_ahead(self) -> None:
-        """On the loop, before a read: if the batch on the executor thread is due to end within
-        DECIDE_AHEAD_S (`_due`: most end well before their predicted quantile), decide the next
-        one now, as of that end, and leave it for `_follow`, which starts it as the running one
-        ends: the decision and the taking of its tasks (~25 us between two batches at 10x, where
-        the loop and ONNX Runtime's return share the cores) happen while the backend still runs,
-        not while it waits. Same policy, same queues: only requests that arrive in the last
-        DECIDE_AHEAD_S miss that batch. The modes whose decisions the loop must act on (expire,
-        upstreams), drops and short batches are left to `_follow` and the loop, as before."""
-        now = time.monotonic()
-        if not now >= self._decide_from or self._expire_late or self._offload is not None:
-            return
-        with self._lock:  # the executor thread's `_follow` may have started the next one: check again
-            if not (self._busy and self._threaded) or self._ahead is not None or self._closed:
-                return
-            if not any(self._queues) or not now >= self._decide_from:
-                return
-            decision = self._thread_decision(max(now, self._due))
-            if decision is not None:
-                self._ahead = (self._job(decision, now), decision.predicted_s)
-
-    def _ask_policy(self, at: float, now: float) -> Decision | None:
-        """The configured policy's decision; if it raises, the fallback's; if that raises too (the
-        queues themselves are broken), the queued requests are answered `error` so none waits forever."""
-        assert self._policy is not None and self._fallback is not None
-        try:
-            return self._kept(self._policy.decide(self._queues, at), at)
-        except Exception:
-            self.counters.policy_failures += 1
-            _log.exception("policy %s failed; %s decides this time", self._policy.name, self._fallback.name)
-        try:
-            return self._fallback.decide(self._queues, at)
-        except Exception as exc:
-            _log.exception(
-                "fallback policy %s failed too; answering the queued requests `error`", FALLBACK_POLICY
-            )
-            self._answer_queued(Status.ERROR, now, f"scheduler failed: {type(exc).__name__}: {exc}")
-            return None
-
-    def _answer_queued(self, status: Status, now: float, error: str) -> None:
-        """Empty every queue, answering each task `status`."""
-        for m in range(len(self._queues)):
-            with self._lock:
-                tasks = self._book.drain(m)
-            for task in tasks:
-                self._finish(task, self._result(task, status, now, error=error))
-            self.counters.queue_depth[self._names[m]] = 0
-
-    def _update_idle(self) -> None:
-        in_flight = 0 if self._offload is None else self._offload.in_flight
-        if self._idle is not None and not self._busy and not any(self._queues) and not in_flight:
-            self._idle.set()
-
-    def _offload_context(self) -> OffloadContext:
-        """What the offloader may use of this Server: the task book and a few callbacks."""
-        return OffloadContext(
-            book=self._book,
-            models=self._names,
-            manifests=tuple(self._manifests),
-            latency=lambda: self.latency_model,
-            free_at=self._free_at,
-            wake=self._wake,
-            finish=self._finish,
-            changed=self._sync_depths,
-        )
+    def _unschedulable(self, exc: Exception, now: float) -> None:
+        """Neither policy could decide (the queues themselves are broken): the queued requests are
+        answered `error`, so that none waits forever (Pipeline.decide_next)."""
+        self._answers.drain(Status.ERROR, now, f"scheduler failed: {type(exc).__name__}: {exc}")
 
     def _dispatch(self, job: Job, inline: bool, here: bool = False) -> None:
         """Hand a batch to the executor thread (or, `inline`, to a loop callback); its callback
-        (`_batch_done`) runs on the loop when it ends, and the batches `_follow` decides on the
-        executor thread run after it without the loop. An inline batch decided in the callback a
-        request's arrival scheduled (`here`, `_kick`) runs at once: that callback already waited
-        for the loop turn's reads, and the batch took every queued task."""
+        (`_batch_done`) runs on the loop when it ends, and the batches Pipeline.follow decides on
+        the executor thread run after it without the loop. An inline batch decided in the
+        callback a request's arrival scheduled (`here`, Wakeups.kick) runs at once: that callback
+        already waited for the loop turn's reads, and the batch took every queued task."""
         assert self._executor is not None and self._loop is not None
         name, exit, samples, done = job
         if inline and here:
             self._executor.run_inline(name, exit, samples, done)
             return
         try:
-            self._executor.submit(name, exit, samples, done, follow=self._follow, inline=inline)
+            self._executor.submit(name, exit, samples, done, follow=self._pipeline.follow, inline=inline)
         except RuntimeError as exc:  # the executor itself is closed under us: answer, keep going
-            with self._lock:
-                self._busy = False
+            self._pipeline.idle()
             self._loop.call_soon(done, BatchRun(None, exc, math.nan, time.monotonic()))
 
     def _batch_done(
         self, m: int, exit: int, tasks: list[Task], inline: bool, hopped: bool, run: BatchRun
     ) -> None:
-        """A batch ended (the executor thread may already run the next one, see `_follow`): decide
-        if it did not, write these answers (the queues do not hold them any more), then do the
-        batch's bookkeeping, which no answer waits for. After an inline batch the answers go first
-        and the bookkeeping (calibration included) precedes the next decision."""
+        """A batch ended (the executor thread may already run the next one, Pipeline.follow):
+        decide if it did not, write these answers (the queues do not hold them any more), then do
+        the batch's bookkeeping, which no answer waits for. After an inline batch the answers go
+        first and the bookkeeping (calibration included) precedes the next decision."""
         lag = time.monotonic() - run.end  # how long the batch waited for the loop
         if lag == lag:  # not nan
             self._answer_lag.observe(lag)
+        pipeline = self._pipeline
         if inline:
-            with self._lock:
-                self._busy = False
+            pipeline.idle()
         else:
             self._decide()
-        outputs = run.outputs
-        error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
-        if error is None:
-            error = _outputs_problem(outputs, len(tasks))
-        ran: dict[str, Any] = {"start": run.start, "batch_size": len(tasks)}
-        names = self._output_names[m][exit]
-        answered: list[Result] = []
-        self._answer_holders.hold()
-        try:
-            for i, task in enumerate(tasks):
-                if error is not None or outputs is None:
-                    result = self._result(task, Status.ERROR, run.end, error=error, exit=exit, **ran)
-                else:
-                    mine = {name: value[i] for name, value in zip(names, outputs.values(), strict=False)}
-                    result = self._result(task, Status.OK, run.end, outputs=mine, exit=exit, **ran)
-                if self._answer(task, result):
-                    answered.append(result)
-        finally:
-            self._answer_holders.release()
-        self._count_batch(answered)
+        self._answers.batch(m, exit, tasks, run)
         self._account(m, exit, tasks, hopped, run)
         if inline:
             self._decide()
-        idle = not self._busy and not self._closed and not any(self._queues)
-        if idle and self._idle_poll.idle(time.monotonic()):
-            assert self._loop is not None
-            self._loop.call_soon(self._poll_idle)
-
-    def _poll_idle(self) -> None:
-        """One more loop turn that does not sleep, while the server stays idle (idle_poll.py): the
-        loop's epoll does not block while a callback is ready, so the next request is read without
-        a wake-up from a halted core. Reads, timers and other callbacks run in between as usual."""
-        if self._idle_poll.polling(time.monotonic()) and not self._closed:
-            assert self._loop is not None
-            self._loop.call_soon(self._poll_idle)
+        if not pipeline.busy and not pipeline.closed and not any(self._queues):
+            self._wakeups.idle(time.monotonic())
 
     def _account(self, m: int, exit: int, tasks: list[Task], hopped: bool, run: BatchRun) -> None:
         """A batch's counters, the loop's delay and the online latency calibration."""
         name = self._names[m]
         if hopped and not math.isnan(run.start):  # its callback waited this long behind the loop's others
-            self._loop_delay += LAG_WEIGHT * (run.start - tasks[0].dispatch - self._loop_delay)
+            pipeline = self._pipeline
+            pipeline.loop_delay += self._lag_weight * (run.start - tasks[0].dispatch - pipeline.loop_delay)
         if not math.isnan(run.start):
             self.counters.busy_s += run.end - run.start
             self.counters.busy_cpu_s += run.cpu_s
@@ -1185,40 +710,6 @@ class Server:
             with self._lock:  # it may update the latency table the executor thread's policy reads
                 lines = self._calibration.observe(m, exit, len(tasks), run.end - run.start, run.end)
                 self._shallowest_s[m] = self.latency_model.models[m].latency(0, 1)
-                self._cost_work(self.latency_model)
+                self._pipeline.cost_work()
             for line in lines:
                 _log.warning(line)
-
-
-def _tensor_problem(who: str, dtype: np.dtype[Any], shape: tuple[int, ...], x: object) -> str | None:
-    """`who` names the model, or the input and its model: "model 'm'", "input 'i' of model 'm'"."""
-    if not isinstance(x, np.ndarray):
-        return f"{who} takes a numpy array, got {type(x).__name__}"
-    if x.dtype != dtype:
-        return f"{who} takes {dtype} input, got {x.dtype}; convert it before sending"
-    if tuple(x.shape) != shape:
-        return f"{who} takes one sample shaped {shape}, got {tuple(x.shape)}"
-    return None
-
-
-def _output_names(manifest: Manifest) -> list[tuple[str, ...]]:
-    """Per exit, the names its outputs are answered under: the final exit's names when the exit
-    gives as many outputs (a head trained for an imported classifier answers as its final output
-    does, so a client reads one name whichever exit ran), else the exit's own."""
-    final = [t.name for t in manifest.exit_outputs(len(manifest.exits) - 1)]
-    names = []
-    for i in range(len(manifest.exits)):
-        own = [t.name for t in manifest.exit_outputs(i)]
-        names.append(tuple(final if len(own) == len(final) else own))
-    return names
-
-
-def _outputs_problem(outputs: dict[str, np.ndarray] | None, size: int) -> str | None:
-    """What is wrong with a backend's outputs for a batch of `size`, or None."""
-    if not outputs:
-        return f"backend returned no outputs for a batch of {size}"
-    for name, value in outputs.items():
-        if not isinstance(value, np.ndarray) or value.ndim < 1 or value.shape[0] != size:
-            shape = getattr(value, "shape", type(value).__name__)
-            return f"backend returned {shape} for output {name!r} of a batch of {size}"
-    return None

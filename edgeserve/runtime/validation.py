@@ -1,14 +1,16 @@
-"""Request checks every backend shares, so a bad tensor gets the same clear error whichever one runs."""
+"""Request checks every backend shares, so a bad tensor gets the same clear error whichever one runs;
+the Server's checks of a request's sample (`SampleCheck`) and of a backend's outputs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
 from edgeserve.errors import InputError
-from edgeserve.manifest import Manifest
+from edgeserve.manifest import Manifest, TensorSpec
 
 T = TypeVar("T")
 # A batch as the executor hands it to a backend: one array for a single-input model, else a map
@@ -130,3 +132,82 @@ def loaded_model(models: Mapping[str, T], model: str) -> T:
             f"model {model!r} is not loaded (loaded: {', '.join(models) or 'none'}); "
             f"load its manifest first: backend.load(repository.load_manifest({model!r}))"
         ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCheck:
+    """One served model's check of a request's sample, made once as the Server starts."""
+
+    model: str  # its name in the config (the messages name it)
+    inputs: tuple[TensorSpec, ...]
+    single: tuple[np.dtype[Any], tuple[int, ...]] | None  # (dtype, sample shape) of its one input
+
+    @classmethod
+    def of(cls, model: str, manifest: Manifest) -> SampleCheck:
+        inputs = tuple(manifest.inputs)
+        single = (np.dtype(inputs[0].dtype), tuple(inputs[0].shape)) if len(inputs) == 1 else None
+        return cls(model, inputs, single)
+
+    def check(self, x: Any) -> tuple[Any, str | None]:
+        """(the sample as the executor stacks it, None) or (x, what is wrong with it).
+
+        A single-input model takes the bare array, or a one-entry map naming its input; a model
+        with several inputs takes a map from each input's name to its array.
+        """
+        single = self.single
+        if single is not None:
+            dtype, shape = single
+            if type(x) is np.ndarray and x.dtype == dtype and x.shape == shape:
+                return x, None  # the common case, in well under a microsecond
+            if isinstance(x, dict) and len(x) == 1:
+                name = self.inputs[0].name
+                if name in x:
+                    x = x[name]
+        name = self.model
+        inputs = self.inputs
+        if single is None or isinstance(x, dict):
+            if not isinstance(x, dict) or set(x) != {t.name for t in inputs}:
+                given = sorted(map(str, x)) if isinstance(x, dict) else type(x).__name__
+                names = ", ".join(t.name for t in inputs)
+                return x, f"model {name!r} takes the inputs {names} (a map from name to array), got {given}"
+            for spec in inputs:
+                who = f"input {spec.name!r} of model {name!r}"
+                problem = tensor_problem(who, np.dtype(spec.dtype), spec.shape, x[spec.name])
+                if problem is not None:
+                    return x, problem
+            return x, None
+        return x, tensor_problem(f"model {name!r}", *single, x)
+
+
+def tensor_problem(who: str, dtype: np.dtype[Any], shape: tuple[int, ...], x: object) -> str | None:
+    """`who` names the model, or the input and its model: "model 'm'", "input 'i' of model 'm'"."""
+    if not isinstance(x, np.ndarray):
+        return f"{who} takes a numpy array, got {type(x).__name__}"
+    if x.dtype != dtype:
+        return f"{who} takes {dtype} input, got {x.dtype}; convert it before sending"
+    if tuple(x.shape) != shape:
+        return f"{who} takes one sample shaped {shape}, got {tuple(x.shape)}"
+    return None
+
+
+def output_names(manifest: Manifest) -> list[tuple[str, ...]]:
+    """Per exit, the names its outputs are answered under: the final exit's names when the exit
+    gives as many outputs (a head trained for an imported classifier answers as its final output
+    does, so a client reads one name whichever exit ran), else the exit's own."""
+    final = [t.name for t in manifest.exit_outputs(len(manifest.exits) - 1)]
+    names = []
+    for i in range(len(manifest.exits)):
+        own = [t.name for t in manifest.exit_outputs(i)]
+        names.append(tuple(final if len(own) == len(final) else own))
+    return names
+
+
+def outputs_problem(outputs: dict[str, np.ndarray] | None, size: int) -> str | None:
+    """What is wrong with a backend's outputs for a batch of `size`, or None."""
+    if not outputs:
+        return f"backend returned no outputs for a batch of {size}"
+    for name, value in outputs.items():
+        if not isinstance(value, np.ndarray) or value.ndim < 1 or value.shape[0] != size:
+            shape = getattr(value, "shape", type(value).__name__)
+            return f"backend returned {shape} for output {name!r} of a batch of {size}"
+    return None

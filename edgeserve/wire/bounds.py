@@ -4,7 +4,7 @@
 few levels or copying more than a slice of a long string, so an error message or log line built
 from client input stays small whatever the input is (a 1000-deep list, an 8 MB string, a 4000-digit
 int). `timing_problem` is the one check of `deadline_ms` and `capture_ts`, used by the socket
-codec (wire/frames.py) and by Server._budget (the embedding API and the HTTP front).
+codec (wire/frames.py) and by runtime/budget.request_budget (the embedding API and the HTTP front).
 """
 
 from __future__ import annotations

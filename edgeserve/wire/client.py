@@ -59,7 +59,7 @@ Sample = np.ndarray | Mapping[str, np.ndarray]
 CLIENT_MAX_FRAME = 256 * 1024 * 1024
 # After the server refused a request past max_in_flight, the window grows again only this much later:
 # clients that share the total then probe it about once a second each, too seldom for the server
-# to take one for a flood (net/frontend.py FLOOD_FRAMES) and shrink its window below max_in_flight.
+# to take one for a flood (net/settings.py flood_frames) and shrink its window below max_in_flight.
 REGROW_AFTER_S = 1.0
 # The most requests that wait in the client for the server's window (AsyncClient.connect max_backlog):
 # a caller sending faster than it is answered then hears `rejected` at once instead of waiting

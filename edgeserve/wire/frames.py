@@ -5,7 +5,7 @@ never trusts the peer: msgpack's length limits cap every container at the frame 
 string keys, and each message is checked field by field into a dataclass, with an error string
 that names the field. Error strings quote at most a few hundred characters of what was sent
 (`brief`), whatever its size or nesting, and are never longer than about bounds.ERROR_TEXT_LIMIT.
-`deadline_ms` and `capture_ts` have bounds (bounds.timing_problem), shared with Server._budget.
+`deadline_ms` and `capture_ts` have bounds (bounds.timing_problem), shared with runtime/budget.request_budget.
 """
 
 from __future__ import annotations

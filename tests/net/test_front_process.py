@@ -22,12 +22,11 @@ from edgeserve.errors import ListenError
 from edgeserve.loop import run
 from edgeserve.net.front_link import config_of, result_of, result_record, setup_record
 from edgeserve.net.front_process import FrontProcess
-from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT
 from edgeserve.net.preprocess import preprocess_frame
 from edgeserve.runtime import Result, Status
 from edgeserve.service.process import NetServer
 from edgeserve.wire.client import AsyncClient, BlockingClient, Reply
-from edgeserve.wire.frames import encode_frame
+from edgeserve.wire.frames import TOO_MANY_IN_FLIGHT, encode_frame
 from edgeserve.wire.tensors import encode_tensor
 
 

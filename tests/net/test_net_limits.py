@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import socket
 import threading
 import time
@@ -30,16 +29,19 @@ from tiny_onnx import TinyModel
 
 from edgeserve.config.checks import ConfigError
 from edgeserve.config.server import ListenConfig, ServerConfig
-from edgeserve.net import frontend as frontend_module
-from edgeserve.wire import frame_shape
+from edgeserve.net import frame_shape
+from edgeserve.net import refusals as refusals_module
+from edgeserve.net.frame_shape import FrameShapes
+from edgeserve.net.settings import AdmissionSettings, FrontSettings, RefusalSettings
 from edgeserve.wire import frames as frames_module
 from edgeserve.wire.client import BlockingClient, ServerRefused
-from edgeserve.wire.frame_shape import FrameShapes
 from edgeserve.wire.frames import HEADER, encode_frame
 from edgeserve.wire.oip_client import OipClient, OipError
 from edgeserve.wire.tensors import encode_tensor
 
 HELLO_BYTES = 4096
+# The counting periods outlast a slow machine ("lately", a record, the small window after a hold).
+SLOW_MACHINE = FrontSettings(admission=AdmissionSettings(polite_s=30.0))
 
 
 @pytest.fixture(scope="module")
@@ -289,10 +291,16 @@ def _flood_bytes(first_id: int, count: int) -> bytes:
 
 
 @contextlib.contextmanager
-def _beside_a_polite_client(config: ServerConfig) -> Iterator[tuple[Any, socket.socket, socket.socket]]:
+def _beside_a_polite_client(
+    config: ServerConfig, settings: FrontSettings | None = None
+) -> Iterator[tuple[Any, socket.socket, socket.socket]]:
     """A server, a connection to flood it (UNIX) and a polite one (TCP) that has been served once,
     so that it counts as a client sending within its window."""
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood, raw_connect(srv.tcp_url) as polite:
+    with (
+        server_thread(config, settings=settings) as srv,
+        raw_connect(srv.unix_url) as flood,
+        raw_connect(srv.tcp_url) as polite,
+    ):
         for sock in (flood, polite):
             sock.sendall(hello_frame())
             assert read_frame(sock)["type"] == "hello"
@@ -394,9 +402,9 @@ def test_a_read_of_more_frames_than_a_turn_handles_refuses_none_while_the_window
     served, tmp_path: Path
 ) -> None:
     """Only a full window makes the newest frames of a read go first and the older ones refused:
-    when the turn's limit (FRAMES_PER_TURN) is what binds, the rest is read in order next turn."""
+    when the turn's limit (frames_per_turn) is what binds, the rest is read in order next turn."""
     root, _ = served
-    count = 2 * frontend_module.FRAMES_PER_TURN  # within the model's max_queue (64)
+    count = 2 * FrontSettings().frames_per_turn  # within the model's max_queue (64)
     config = net_config(config_dict(root), tmp_path, max_in_flight=4 * count)
     with server_thread(config) as srv, raw_connect(srv.unix_url) as sock:
         sock.sendall(hello_frame())
@@ -404,35 +412,6 @@ def test_a_read_of_more_frames_than_a_turn_handles_refuses_none_while_the_window
         _flood(sock, 0, count)  # one write: a read brings more frames than a turn handles
         answers = _answers(sock, count)
     assert sorted(answers) == list(range(count)) and set(answers.values()) == {"ok"}, answers
-
-
-def test_room_is_what_the_window_admits_one_request_after_another() -> None:
-    """`room` (how many frames of one read a connection may accept) agrees with accepting them one
-    by one under `window`, whose even share moves as the connection's own accepts add up."""
-    for max_in_flight, total, mine, in_flight, busy, share, sending in itertools.product(
-        range(1, 7), range(1, 26), range(0, 8), range(0, 30), range(0, 6), [True, False], [0, 1, 3]
-    ):
-        if mine > in_flight or busy > in_flight or (mine > 0 and busy == 0):
-            continue
-        accepted, ours, everyone, busy_now = 0, mine, in_flight, busy
-        while ours < frontend_module.window(max_in_flight, total, everyone, busy_now, ours, share, sending):
-            busy_now += ours == 0
-            ours, everyone, accepted = ours + 1, everyone + 1, accepted + 1
-        room = frontend_module.room(max_in_flight, total, mine, in_flight, busy, share, sending)
-        assert room == accepted
-
-
-def test_a_connection_alone_may_fill_the_total_and_shares_it_as_others_come() -> None:
-    """With share_total, below the total a busy connection's window is its even share of it (at
-    least max_in_flight); at the total the share is at most max_in_flight, as without it."""
-    window = frontend_module.window
-    assert window(8, 32, 0, 0, 0, True) == 32 and window(8, 32, 0, 0, 0, False) == 8
-    assert window(8, 32, 20, 1, 20, True) == 32  # alone
-    assert window(8, 32, 20, 1, 0, True) == 16  # a second connection comes
-    assert window(8, 32, 24, 4, 6, True) == 8  # four busy: max_in_flight, as before
-    assert window(8, 32, 32, 1, 32, True) == 8  # at the total
-    assert frontend_module.room(8, 32, 0, 32, 1, True) == 8  # the newcomer still gets its window
-    assert window(8, 32, 20, 1, 20, True, sending=2) == 16  # a client sends now and then beside it
 
 
 @pytest.mark.parametrize("share_total, window", [(True, 8), (False, 2)])
@@ -476,36 +455,32 @@ def test_a_flood_past_its_window_is_left_unread_while_a_polite_client_is_served(
 
 
 def test_a_client_over_its_window_by_less_than_flood_ratio_times_is_not_held_beside_a_polite_one(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served, tmp_path: Path
 ) -> None:
-    """A connection that sends more than its window lets through, but not FLOOD_RATIO times more
+    """A connection that sends more than its window lets through, but not flood_ratio times more
     (one of several sending more than its even share), keeps being read: a hold would make its
     client's frames stale and leave the executor idle beside a client that cannot keep it busy."""
-    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=16, share_total=False)
-    with _beside_a_polite_client(config) as (srv, busy, _polite):
+    with _beside_a_polite_client(config, SLOW_MACHINE) as (srv, busy, _polite):
         for k in range(4):  # 40 frames a read, window 16: at most 24 refused, 16 or more accepted
             _flood(busy, 1_000 + 100 * k, 40)
             assert len(_answers(busy, 40)) == 40
         assert srv.stats().flood_pauses == 0
-        # past FLOOD_RATIO times what it got (~80 accepted so far): a flood, held
+        # past flood_ratio times what it got (~80 accepted so far): a flood, held
         _flood(busy, 2_000, 1_000)
         assert len(_answers(busy, 1_000)) == 1_000
         assert srv.stats().flood_pauses >= 1
 
 
-def test_a_flood_is_held_for_a_polite_client_over_http_too(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The hold counts the HTTP front's clients beside the connections (flood_tally.PeerFront):
+def test_a_flood_is_held_for_a_polite_client_over_http_too(served, tmp_path: Path) -> None:
+    """The hold counts the HTTP front's clients beside the connections (admission.PeerFront):
     alone, the flood is not held; beside a client sending over HTTP it is, and every frame of it
     still gets exactly one answer. Before, an HTTP client never counted, and beside a socket flood
     at 10x its P50 tripled (a 10 ms deadline: 28 % in time, 98 % now)."""
-    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=2, http="127.0.0.1:0")
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as flood:
+    with server_thread(config, settings=SLOW_MACHINE) as srv, raw_connect(srv.unix_url) as flood:
         flood.sendall(hello_frame())
         assert read_frame(flood)["type"] == "hello"
         assert len(_results_while_sending(flood, _flood_bytes(1_000, 600), 600)) == 600
@@ -538,17 +513,14 @@ def test_a_flood_is_held_for_a_polite_client_over_http_too(
         assert statuses and set(statuses) == {200}
 
 
-def test_a_flood_beside_another_flood_is_not_held(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_flood_beside_another_flood_is_not_held(served, tmp_path: Path) -> None:
     """Holds serve the polite clients only when one client floods: beside another flood every
     held one's frames would go stale and the executor idle. Each flood keeps being read, with a
-    window of SHARED_FLOOD_WINDOW while a polite client is around."""
-    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # "lately" outlasts a slow machine
+    window of shared_flood_window while a polite client is around."""
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=4)
     with (
-        server_thread(config) as srv,
+        server_thread(config, settings=SLOW_MACHINE) as srv,
         raw_connect(srv.unix_url) as first,
         raw_connect(srv.unix_url) as second,
         raw_connect(srv.tcp_url) as polite,
@@ -572,7 +544,7 @@ def test_a_flood_beside_another_flood_is_not_held(
     refused = [
         a for a in answers if a["status"] == "rejected" and "too many requests in flight" in a["error"]
     ]
-    assert len(refused) == 4 - frontend_module.SHARED_FLOOD_WINDOW, answers
+    assert len(refused) == 4 - SLOW_MACHINE.admission.shared_flood_window, answers
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
@@ -580,11 +552,11 @@ def test_a_flood_of_mixed_frames_is_refused_by_shape_each_with_its_own_id_model_
     served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
 ) -> None:
     """Frames past the window that share a learned layout are refused a block at a time
-    (wire.frame_shape, compiled or numpy); interleaved models and priorities and ids crossing
+    (net.frame_shape, compiled or numpy); interleaved models and priorities and ids crossing
     msgpack's widths (127, 255, 65535) get exactly one answer each, naming the model and echoing
     the priority sent."""
     if compiled and frame_shape.compiled_refuse is None:
-        pytest.skip("edgeserve.wire._shapes is not built")
+        pytest.skip("edgeserve.net._shapes is not built")
     if not compiled:
         monkeypatch.setattr(frame_shape, "compiled_refuse", None)
     matched: list[int] = []
@@ -632,13 +604,13 @@ def test_a_flood_whose_frames_vary_in_structure_is_refused_one_by_one_each_once(
     if compiled and frames_module._compiled_parse is None:
         pytest.skip("edgeserve.wire._infer is not built")
     heads: list[object] = []
-    read_head = frontend_module.compiled_head
+    read_head = refusals_module.compiled_head
 
     def counted(*args: Any) -> Any:
         heads.append(read_head(*args) if compiled else None)
         return heads[-1]
 
-    monkeypatch.setattr(frontend_module, "compiled_head", counted)
+    monkeypatch.setattr(refusals_module, "compiled_head", counted)
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=1)
     x = encode_tensor(np.zeros((1, 8, 8), np.float32))
@@ -705,20 +677,21 @@ def test_a_run_of_refusals_stops_at_a_frame_it_cannot_refuse_which_gets_its_own_
     assert {answers[k] for k in range(40)} == {"rejected"}
 
 
-def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(served, tmp_path: Path) -> None:
     """One read brings a flood's frames by the hundred: while it is held the loop leaves those in
     its buffer too (refusing them would cost the polite client the loop's time), and answers
     every one of them once the holds end."""
-    monkeypatch.setattr(frontend_module, "FLOOD_PAUSE_S", 0.3)
-    # one read (256 KiB) holds fewer frames than a turn refuses by FrameShape: as many as one by one
-    monkeypatch.setattr(frontend_module, "BLOCK_REFUSALS_PER_FRAME", frontend_module.REFUSALS_PER_FRAME)
+    defaults = RefusalSettings()
+    settings = FrontSettings(
+        admission=AdmissionSettings(flood_pause_s=0.3),
+        # one read (256 KiB) holds fewer frames than a turn refuses by FrameShape: as many as one by one
+        refusals=RefusalSettings(block_refusals_per_frame=defaults.refusals_per_frame),
+    )
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=2)
-    per_turn = frontend_module.FRAMES_PER_TURN * frontend_module.REFUSALS_PER_FRAME  # refusals
+    per_turn = settings.frames_per_turn * defaults.refusals_per_frame  # refusals
     sent = 3 * per_turn
-    with _beside_a_polite_client(config) as (srv, flood, _polite):
+    with _beside_a_polite_client(config, settings) as (srv, flood, _polite):
         _flood(flood, 1_000, sent)
         times = []
         for _ in range(sent):
@@ -729,14 +702,11 @@ def test_the_frames_a_held_flood_has_already_sent_wait_for_the_hold_too(
     assert early <= 2 * per_turn, f"{early} of {sent} answered during the first hold"
 
 
-def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(served, tmp_path: Path) -> None:
     """Its requests then cannot fill the queue the polite client's requests wait in."""
-    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the small window outlasts a slow machine
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=4)
-    with _beside_a_polite_client(config) as (srv, flood, _polite):
+    with _beside_a_polite_client(config, SLOW_MACHINE) as (srv, flood, _polite):
         _flood(flood, 1_000, 300)
         assert len(_answers(flood, 300)) == 300 and srv.stats().flood_pauses >= 1
         flood.sendall(b"".join(encode_frame(valid_request(k)) for k in range(3)))
@@ -747,16 +717,17 @@ def test_a_held_flood_gets_a_window_of_one_while_the_polite_client_is_around(
     assert len(refused) == 2, answers
 
 
-def test_a_client_a_few_frames_over_its_window_in_every_read_floods_too(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_client_a_few_frames_over_its_window_in_every_read_floods_too(served, tmp_path: Path) -> None:
     """Two clients over-sending alike: one bursts, the other is over its window by a few frames
-    in each read. The second is not polite (FLOOD_FRAMES refused over the last periods), so the
+    in each read. The second is not polite (flood_frames refused over the last periods), so the
     first is not held for its sake (at 2x load every connection is like this)."""
-    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the periods outlast a slow machine
     root, _ = served
     config = net_config(config_dict(root), tmp_path, max_in_flight=2, share_total=False)
-    with server_thread(config) as srv, raw_connect(srv.unix_url) as burst, raw_connect(srv.tcp_url) as steady:
+    with (
+        server_thread(config, settings=SLOW_MACHINE) as srv,
+        raw_connect(srv.unix_url) as burst,
+        raw_connect(srv.tcp_url) as steady,
+    ):
         for sock in (burst, steady):
             sock.sendall(hello_frame())
             assert read_frame(sock)["type"] == "hello"

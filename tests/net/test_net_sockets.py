@@ -17,14 +17,13 @@ from tiny_onnx import TinyModel
 
 from edgeserve.config.server import PreprocessConfig
 from edgeserve.loop import run
-from edgeserve.net import frontend as frontend_module
-from edgeserve.net.flood_tally import LIGHT_TRACK
-from edgeserve.net.frontend import TOO_MANY_IN_FLIGHT, Connection
+from edgeserve.net.frontend import Connection
 from edgeserve.net.listeners import free_ports
 from edgeserve.net.preprocess import preprocess_frame
+from edgeserve.net.settings import AdmissionSettings, FrontSettings
 from edgeserve.wire import frames
 from edgeserve.wire.client import AsyncClient, BlockingClient, Reply, ServerRefused
-from edgeserve.wire.frames import HEADER, encode_frame
+from edgeserve.wire.frames import HEADER, TOO_MANY_IN_FLIGHT, encode_frame
 from edgeserve.wire.tensors import encode_tensor
 
 
@@ -186,26 +185,24 @@ def test_at_the_in_flight_total_each_connection_keeps_an_even_share(served, tmp_
                 _assert_reference(reply, models["tiny_a"], x)
 
 
-def test_a_light_client_keeps_its_whole_window_at_the_in_flight_total(
-    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A client with a record of requests accepted and almost none refused (flood_tally.light)
+def test_a_light_client_keeps_its_whole_window_at_the_in_flight_total(served, tmp_path: Path) -> None:
+    """A client with a record of requests accepted and almost none refused (FloodTally.light)
     is not cut to the even share when a greedy one fills max_in_flight_total: the share binds the
     busy clients, and a light one's bursts pass (a camera at 0.1x beside floods was refused
     a quarter of its frames at its share)."""
-    monkeypatch.setattr(frontend_module, "POLITE_S", 30.0)  # the record outlasts a slow machine
+    admission = AdmissionSettings(polite_s=30.0)  # the record outlasts a slow machine
     root, models = served
     xs = models["tiny_a"].random_input(4, seed=9)
     factory = HookedFactory()
     config = net_config(config_dict(root), tmp_path, max_in_flight=4, max_in_flight_total=4)
-    with server_thread(config, factory) as srv:
+    with server_thread(config, factory, FrontSettings(admission=admission)) as srv:
 
         async def main() -> list[Reply]:
             async with (
                 await AsyncClient.connect(srv.unix_url, respect_window=False) as light,
                 await AsyncClient.connect(srv.tcp_url, respect_window=False) as greedy,
             ):
-                for _ in range(LIGHT_TRACK // len(xs)):  # its record: every request served
+                for _ in range(admission.light_track // len(xs)):  # its record: every request served
                     assert all(r.ok for r in await asyncio.gather(*(light.send("tiny_a", x) for x in xs)))
                 assert factory.backend is not None
                 factory.backend.delay_s = 1.0  # what is accepted now stays in flight a while

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from edgeserve.runtime.budget import (
@@ -11,8 +12,11 @@ from edgeserve.runtime.budget import (
     Throughput,
     admission_excess,
     headroom,
+    late_on_arrival,
+    overloaded,
     planned_budget,
     queue_bound,
+    request_budget,
     shallow_costs,
     work_s,
 )
@@ -122,3 +126,46 @@ def test_the_hosts_in_flight_total_is_the_shortest_deadline_of_what_it_answers_p
     # The requests' way in and back comes off the deadline.
     assert rates.target(0.07, host_cpu=lambda: 0.03, way_s=0.002) == pytest.approx(20000 * 0.008)
     assert rates.target(1.0, host_cpu=lambda: 0.1) == math.inf  # idle for many ticks: stale, no bound
+
+
+WALL = 1.7e9  # time.time() of the tests below
+
+
+@pytest.mark.parametrize(
+    "deadline_ms, capture_ts, budget",
+    [
+        (None, None, 0.050),  # the model's SLO from now
+        (250, None, 0.250),  # the request's own budget from now
+        (np.float32(250), None, 0.250),  # numpy scalars are numbers too
+        (None, WALL - 0.010, 0.040),  # the SLO from the capture
+        (None, WALL - 0.080, -0.030),  # captured past the SLO: <= 0, answered `expired`
+    ],
+)
+def test_a_requests_budget_runs_from_now_or_from_its_capture(deadline_ms, capture_ts, budget) -> None:
+    total, problem = request_budget(0.050, deadline_ms, capture_ts, WALL)
+    assert problem is None and total == pytest.approx(budget, abs=1e-6)  # (wall-clock seconds)
+
+
+@pytest.mark.parametrize(
+    "deadline_ms, capture_ts",
+    [("250", None), (-1, None), (math.nan, None), (True, None), (1e12, None), (10, WALL), (None, 0.0)],
+)
+def test_a_bad_deadline_is_a_problem_never_an_exception(deadline_ms, capture_ts) -> None:
+    total, problem = request_budget(0.050, deadline_ms, capture_ts, WALL)
+    assert math.isnan(total) and problem
+
+
+def test_a_request_late_on_arrival_is_told_why() -> None:
+    captured = late_on_arrival(-0.030, 0.0, 0.050, captured=True, busy=False)
+    assert captured == "captured 80.0 ms ago, past the 50 ms SLO"
+    busy = late_on_arrival(0.002, 0.003, 0.050, captured=False, busy=True)
+    assert busy == "waited 3.0 ms to be read, past its 2 ms deadline (the server is overloaded)"
+    idle = late_on_arrival(0.002, 0.003, 0.050, captured=False, busy=False)
+    assert idle.startswith("waited 3.0 ms to be read") and "give a longer deadline_ms or slo_ms" in idle
+
+
+def test_an_overloaded_refusal_says_by_how_much() -> None:
+    assert overloaded("m", 0.0061) == (
+        "overloaded: 'm' cannot answer within this request's deadline now "
+        "(the work ahead needs 6.1 ms more than it leaves)"
+    )

@@ -1,4 +1,4 @@
-"""The loop decides the batch after the running one as that is due to end (Server._decide_ahead),
+"""The loop decides the batch after the running one as that is due to end (Pipeline.decide_ahead),
 before a read, and the executor thread starts it without deciding: the same answers, one batch at
 a time, every request answered once, at shutdown too."""
 

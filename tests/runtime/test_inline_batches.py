@@ -21,6 +21,7 @@ from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.runtime.executor import BatchRun, Executor, inline_safe
 from edgeserve.runtime.results import Result, Status
 from edgeserve.runtime.server import Server
+from edgeserve.runtime.settings import RuntimeSettings
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,9 @@ def _check(results: list[Result], tiny: TinyModel, xs: np.ndarray) -> None:
         np.testing.assert_allclose(r.output, tiny.forward(x[None], r.exit_index)[0], rtol=1e-4, atol=1e-4)
 
 
-def _one_at_a_time(served, factory: HookedFactory, inline_max_ms: float | None) -> tuple[list[Result], int]:
+def _one_at_a_time(
+    served, factory: HookedFactory, inline_max_ms: float | None, settings: RuntimeSettings | None = None
+) -> tuple[list[Result], int]:
     root, models = served
     config = config_dict(root)
     if inline_max_ms is not None:
@@ -44,7 +47,7 @@ def _one_at_a_time(served, factory: HookedFactory, inline_max_ms: float | None) 
     xs = models["tiny_a"].random_input(12, seed=5)
 
     async def main() -> tuple[list[Result], int]:
-        async with Server(config, backend_factory=factory) as server:
+        async with Server(config, backend_factory=factory, settings=settings) as server:
             return [await server.infer("tiny_a", x) for x in xs], threading.get_ident()
 
     results, loop_thread = run(main())
@@ -64,11 +67,18 @@ def test_a_lone_short_batch_runs_on_the_loop_thread_and_the_backend_lives_on_the
     assert len(owner) == 1 and loop_thread not in owner
 
 
-@pytest.mark.parametrize("inline_safe, inline_max_ms", [(True, 0.0), (False, None)])
-def test_without_inline_every_batch_runs_on_the_executor_thread(served, inline_safe, inline_max_ms) -> None:
-    """`inline_max_ms = 0` turns it off; a backend that does not say `inline_safe` never gets it."""
+@pytest.mark.parametrize(
+    "inline_safe, inline_max_ms, settings",
+    [(True, 0.0, None), (False, None, None), (True, None, RuntimeSettings(inline_loop_delay_s=-1.0))],
+    ids=["inline_max_ms_0", "not_inline_safe", "no_loop_fast_enough"],
+)
+def test_without_inline_every_batch_runs_on_the_executor_thread(
+    served, inline_safe, inline_max_ms, settings
+) -> None:
+    """`inline_max_ms = 0` turns it off; a backend that does not say `inline_safe` never gets it;
+    nor does a loop slower than the settings' `inline_loop_delay_s` (here: any loop)."""
     factory = HookedFactory(inline_safe=inline_safe)
-    _, loop_thread = _one_at_a_time(served, factory, inline_max_ms)
+    _, loop_thread = _one_at_a_time(served, factory, inline_max_ms, settings)
     backend = factory.backend
     assert backend is not None
     assert backend.threads["run"] == backend.threads["load"] and loop_thread not in backend.threads["run"]

@@ -272,7 +272,7 @@ def test_deadline_admission_counts_the_work_ahead_at_the_shallowest_exit(served)
         async with Server(config, backend_factory=factory) as server:
             bound = server.queue_bound("tiny_a")
             burst = [server.submit("tiny_a", x, deadline_ms=1000) for _ in range(4 * MAX_BATCH)]
-            costs = server._shallow_costs[0]
+            costs = server._pipeline.costs[0]
             ahead_s = (4 * MAX_BATCH // MAX_BATCH) * costs[MAX_BATCH]
             tight = await server.infer("tiny_a", x, deadline_ms=ahead_s * 1000 / 4)
             return list(await asyncio.gather(*burst)), tight, bound
@@ -570,7 +570,7 @@ def test_a_policy_exception_is_decided_by_the_fallback_and_counted(served) -> No
 
     async def main() -> tuple[list[Result], list[Result], dict[str, Any]]:
         async with Server(_config(served)) as server:
-            server._policy = _Failing(server._policy)  # white-box: inject a scheduler bug
+            server._pipeline.policy = _Failing(server._pipeline.policy)  # white-box: inject a scheduler bug
             first = await server.infer_batch("tiny_a", xs)
             return first, await server.infer_batch("tiny_a", xs), server.snapshot()
 
@@ -585,8 +585,8 @@ def test_when_the_fallback_fails_too_the_queued_requests_are_answered_error(serv
 
     async def main() -> tuple[list[Result], list[Result]]:
         async with Server(_config(served)) as server:
-            server._policy = _Failing(server._policy)
-            server._fallback = _Failing(server._fallback)
+            server._pipeline.policy = _Failing(server._pipeline.policy)
+            server._pipeline.fallback = _Failing(server._pipeline.fallback)
             failed = await server.infer_batch("tiny_a", xs)
             return failed, await server.infer_batch("tiny_a", xs)
 
@@ -631,7 +631,8 @@ def test_tasks_the_policy_drops_are_answered_expired_and_the_rest_served(served)
 
     async def main() -> tuple[list[Result], dict[str, Any]]:
         async with Server(_config(served)) as server:
-            server._policy = _DropsOldestFirst(server._policy)  # white-box: a policy that drops
+            # white-box: a policy that drops
+            server._pipeline.policy = _DropsOldestFirst(server._pipeline.policy)
             return await server.infer_batch("tiny_a", models["tiny_a"].random_input(4)), server.snapshot()
 
     results, snap = run(main())
@@ -708,7 +709,7 @@ EXTREME_DEADLINES += [np.float64(math.nan), np.float32(1e-40), True, "5", [1], {
 
 
 def test_deadlines_and_capture_times_at_every_extreme_are_invalid_not_errors(served) -> None:
-    """Server._budget (the embedding API and the HTTP front): any value outside 1 us .. 1 day, or
+    """budget.request_budget (the embedding API and the HTTP front): any value outside 1 us .. 1 day, or
     a capture_ts more than a day from the clock, is `invalid` with a short text, never `error`."""
     _, models = served
     x = models["tiny_a"].random_input(1)[0]
@@ -737,7 +738,7 @@ def test_deadlines_and_capture_times_at_every_extreme_are_invalid_not_errors(ser
 
 
 def test_deadline_admission_reads_the_queue_under_the_lock_the_executor_thread_pops_with(served) -> None:
-    """The executor thread pops the next batch itself (`Server._follow`, holding the server's lock)
+    """The executor thread pops the next batch itself (`Pipeline.follow`, holding the server's lock)
     while the loop admits requests. Admission read the queue's head without that lock, and once in
     ~100k requests of an HTTP flood the queue emptied between its check and its read: an
     IndexError, answered HTTP 500. Here a probe on the queue tries the lock from another thread at

@@ -1,6 +1,6 @@
 """The byte layout of one request frame, learned once and matched against many frames at once.
 
-Under overload most frames are refused from their id alone (net/frontend.py), and decoding each
+Under overload most frames are refused from their id alone (net/refusals.py), and decoding each
 one costs about a microsecond of the event loop's time, which at 10x capacity is over a tenth of
 a core. A flooding client's frames are nearly always alike: the same fields in the same order,
 the same model, a tensor of the same size; what changes is the id, the tensor's bytes and floats
@@ -25,7 +25,7 @@ import numpy as np
 from edgeserve.wire.frames import HEADER, refusal_head
 
 try:  # the same check and answers compiled (setup.py; optional: without a C compiler numpy does it)
-    from edgeserve.wire._shapes import refuse as compiled_refuse
+    from edgeserve.net._shapes import refuse as compiled_refuse
 except ImportError:  # pragma: no cover - a machine without a C compiler
     compiled_refuse = None
 

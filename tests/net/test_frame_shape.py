@@ -9,8 +9,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from edgeserve.wire import frame_shape
-from edgeserve.wire.frame_shape import FrameShape, FrameShapes
+from edgeserve.net import frame_shape
+from edgeserve.net.frame_shape import FrameShape, FrameShapes
 from edgeserve.wire.frames import HEADER, MAX_ID, ProtocolError, decode_body
 from edgeserve.wire.tensors import encode_tensor
 
@@ -217,9 +217,9 @@ def answered(data: bytes) -> list[tuple[str, int]]:
     return out
 
 
-@pytest.mark.skipif(frame_shape.compiled_refuse is None, reason="edgeserve.wire._shapes is not built")
+@pytest.mark.skipif(frame_shape.compiled_refuse is None, reason="edgeserve.net._shapes is not built")
 def test_compiled_refusals_are_numpys_in_the_frames_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled pass (wire/_shapes.c) and numpy's refuse the same frames with the same answers,
+    """The compiled pass (net/_shapes.c) and numpy's refuse the same frames with the same answers,
     on interleaved shapes and mutated frames; the compiled one answers in the frames' order."""
     rng = np.random.default_rng(11)
     kinds = [("digits-s", None), ("digits-m", None), ("digits-m", 3), ("x" * 300, None)]
@@ -263,7 +263,7 @@ def test_refuse_without_a_shape_of_that_length_refuses_nothing() -> None:
     assert shapes.refuse(frame, len(frame), tagged) == (0, b"")
 
 
-@pytest.mark.skipif(frame_shape.compiled_refuse is None, reason="edgeserve.wire._shapes is not built")
+@pytest.mark.skipif(frame_shape.compiled_refuse is None, reason="edgeserve.net._shapes is not built")
 @pytest.mark.parametrize(
     ("shape", "error"),
     [

@@ -1,4 +1,4 @@
-/* A block of a flooding client's frames refused in one pass, compiled (wire/frame_shape.py).
+/* A block of a flooding client's frames refused in one pass, compiled (net/frame_shape.py).
  *
  * Why: at 10x capacity the event loop reads ~100k frames a second and refuses nearly all of them.
  * numpy checks a block of them against the connection's FrameShapes and builds their answers in
@@ -16,7 +16,7 @@
  *   count: how many leading frames have one of the shapes (the first in the tuple's order that
  *     matches); answers: theirs, in the frames' order.
  * The same frames, answered the same way, as FrameShapes.match and the numpy path
- * (tests/wire/test_frame_shape.py compares them on random and mutated frames).
+ * (tests/net/test_frame_shape.py compares them on random and mutated frames).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
