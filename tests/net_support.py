@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgeserve.loop import new_event_loop
+from edgeserve.net.settings import FrontSettings
 from edgeserve.runtime.server import BackendFactory
 from edgeserve.service.process import NetServer
 from edgeserve.wire.frames import HEADER, PROTOCOL_VERSION, decode_body, encode_frame
@@ -55,12 +56,15 @@ class ServerThread:
 
 @contextmanager
 def server_thread(
-    config: dict[str, Any], backend_factory: BackendFactory | None = None
+    config: dict[str, Any],
+    backend_factory: BackendFactory | None = None,
+    settings: FrontSettings | None = None,
 ) -> Iterator[ServerThread]:
+    """`settings`: the socket front's tuning (an in-process front: not with [listen] front_process)."""
     loop = new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    net = NetServer(config, backend_factory=backend_factory)
+    net = NetServer(config, backend_factory=backend_factory, front_settings=settings)
     try:
         asyncio.run_coroutine_threadsafe(net.start(), loop).result(60)
         yield ServerThread(net, loop)

@@ -27,13 +27,18 @@ def is_loopback(host: str) -> bool:
 
 
 def bearer_ok(authorization: str | None, token: str) -> bool:
-    """Whether an Authorization header value is `Bearer <token>` (scheme case-insensitive)."""
+    """Whether an Authorization header value is `Bearer <token>` (scheme case-insensitive). A value
+    that is not UTF-8 (aiohttp keeps such bytes as surrogates: `Bearer \\xff`) matches no token."""
     if not authorization:
         return False
     scheme, _, credentials = authorization.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(credentials.strip().encode(), token.encode())
+    try:
+        given = credentials.strip().encode()
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(given, token.encode())
 
 
 def warn_if_exposed(log: logging.Logger, what: str, host: str, port: int, token: str | None) -> bool:

@@ -50,6 +50,23 @@ DEFAULT_MAX_HELLO_BYTES = 4096  # the largest frame accepted before the hello (a
 DEFAULT_HELLO_TIMEOUT_S = 5.0
 DEFAULT_IDLE_TIMEOUT_S = 300.0  # 0: never close an idle connection
 DEFAULT_REPLY_MARGIN_MS = 0.5  # the answer's way back to a socket or HTTP client
+# The HTTP listeners (the OIP front, the metrics endpoint; docs/oip.md, "Limits"). A request's line
+# and headers arrive in one or two segments: 10 s covers a retransmit or two on a bad link, not a
+# client trickling them (slowloris).
+DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
+# A body's time is this floor (the client's pause before sending it, slow start, a retransmit)
+# plus its declared size at DEFAULT_HTTP_BODY_MIN_RATE: 256 KiB/s (2 Mbit/s) is below what any
+# LAN or Wi-Fi link sustains, so only a stalling client is cut off (8 MiB: 10 + 32 s).
+DEFAULT_HTTP_BODY_TIMEOUT_S = 10.0
+DEFAULT_HTTP_BODY_MIN_RATE = 256 * 1024
+# An idle kept-alive connection is closed after this long: past aiohttp's client pool expiry
+# (15 s), so OipClient never reuses a connection the server is closing; nginx's default too.
+DEFAULT_HTTP_KEEPALIVE_TIMEOUT_S = 75.0
+# The decode budget's default in frames of max_frame_bytes. A binary body is charged 3 frames (what
+# reading and decoding it holds at its peak, measured: oip/decoding.py), a JSON one 3 frames plus
+# 88 bytes per value its model's inputs could take: 16 lets five binary bodies of max_frame_bytes
+# decode at once (128 MiB with the default frame); a JSON body charged more gets in alone.
+DEFAULT_DECODE_BUDGET_FRAMES = 16
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 INTERPOLATIONS = ("bilinear", "nearest")
 
@@ -97,10 +114,11 @@ class ListenConfig:
     presented in every connection's hello (and, as `Authorization: Bearer <token>`, on HTTP:
     the OIP front but its health probes, and the metrics endpoint; docs/oip.md).
 
-    The connection caps count the socket protocol's connections (unix and tcp; the http front is
-    not counted); before its hello a connection may send one frame of at most `max_hello_bytes`
-    and must finish it within `hello_timeout_s`; a greeted connection with nothing in flight that
-    sends nothing for `idle_timeout_s` (0: never) is closed.
+    The connection caps count the socket protocol's connections (unix and tcp); the HTTP
+    listeners have their own (`http_*`, docs/oip.md "Limits"). Before its hello a connection may
+    send one frame of at most `max_hello_bytes` and must finish it within `hello_timeout_s`; a
+    greeted connection with nothing in flight that sends nothing for `idle_timeout_s` (0: never)
+    is closed.
     """
 
     unix: Path | None = None
@@ -133,6 +151,25 @@ class ListenConfig:
     # overload it does not hold the GIL the executor thread needs; pays on boxes with cores to
     # spare, costs a hop per request (docs/runtime.md, "The front in a process of its own").
     front_process: bool = False
+    # The HTTP listeners (OIP front and metrics endpoint together; docs/oip.md, "Limits"). The caps:
+    # None derives them when the front starts from RLIMIT_NOFILE and the socket front's caps
+    # (oip/connections.py, `derived_caps`). Past them a connection gets a 503 and is closed.
+    http_max_connections: int | None = None
+    http_max_connections_per_listener: int | None = None
+    http_header_timeout_s: float = DEFAULT_HTTP_HEADER_TIMEOUT_S  # request line and headers
+    http_body_timeout_s: float = DEFAULT_HTTP_BODY_TIMEOUT_S  # plus declared size / min rate
+    http_body_min_rate: int = DEFAULT_HTTP_BODY_MIN_RATE  # bytes/s
+    http_keepalive_timeout_s: float = DEFAULT_HTTP_KEEPALIVE_TIMEOUT_S
+    # Bytes of large request bodies being read and decoded at once, weighted by what decoding
+    # them costs (oip/decoding.py); None: DEFAULT_DECODE_BUDGET_FRAMES x max_frame_bytes.
+    http_decode_budget_bytes: int | None = None
+
+    @property
+    def decode_budget_bytes(self) -> int:
+        """http_decode_budget_bytes, or DEFAULT_DECODE_BUDGET_FRAMES frames of max_frame_bytes."""
+        if self.http_decode_budget_bytes is not None:
+            return self.http_decode_budget_bytes
+        return DEFAULT_DECODE_BUDGET_FRAMES * self.max_frame_bytes
 
     @property
     def in_flight_total(self) -> int:
@@ -424,6 +461,7 @@ def _listen(data: Any) -> ListenConfig:
         "idle_timeout_s",
         "reply_margin_ms",
         "front_process",
+        *HTTP_LIMIT_KEYS,
     )
     no_unknown(data, allowed, "listen")
     unix = data.get("unix")
@@ -481,7 +519,41 @@ def _listen(data: Any) -> ListenConfig:
             data.get("reply_margin_ms", DEFAULT_REPLY_MARGIN_MS), "listen.reply_margin_ms"
         ),
         front_process=front_process,
+        **_http_limits(data),
     )
+
+
+HTTP_LIMIT_KEYS = (
+    "http_max_connections",
+    "http_max_connections_per_listener",
+    "http_header_timeout_s",
+    "http_body_timeout_s",
+    "http_body_min_rate",
+    "http_keepalive_timeout_s",
+    "http_decode_budget_bytes",
+)
+
+
+def _http_limits(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The [listen] http_* keys as ListenConfig fields (the absent ones keep their defaults)."""
+    found: dict[str, Any] = {}
+    for key in ("http_max_connections", "http_max_connections_per_listener", "http_body_min_rate"):
+        if data.get(key) is not None:
+            found[key] = positive_int(data[key], f"listen.{key}")
+    if data.get("http_decode_budget_bytes") is not None:
+        found["http_decode_budget_bytes"] = positive_int(
+            data["http_decode_budget_bytes"], "listen.http_decode_budget_bytes", minimum=65536
+        )
+    for key in ("http_header_timeout_s", "http_body_timeout_s", "http_keepalive_timeout_s"):
+        if key in data:
+            found[key] = positive_number(data[key], f"listen.{key}")
+    total, per_listener = found.get("http_max_connections"), found.get("http_max_connections_per_listener")
+    if total is not None and per_listener is not None and per_listener > total:
+        raise ConfigError(
+            f"listen.http_max_connections_per_listener: {per_listener} is more than "
+            f"listen.http_max_connections ({total}); one listener cannot have more than all of them"
+        )
+    return found
 
 
 def _host_port(value: Any, key: str) -> tuple[str, int]:

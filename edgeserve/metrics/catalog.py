@@ -47,6 +47,24 @@ class FrontendCounters(Protocol):
     by_status: dict[str, int]
 
 
+class HttpCounters(Protocol):
+    """The HTTP listeners' limit counters (edgeserve.oip.connections.HttpGuard has them): by
+    listener ("http": the OIP front, "metrics": this endpoint)."""
+
+    @property
+    def open_by_listener(self) -> Mapping[str, int]: ...
+    @property
+    def refused_connections(self) -> Mapping[str, int]: ...
+    @property
+    def timeouts(self) -> Mapping[tuple[str, str], int]: ...  # by (listener, kind)
+    @property
+    def bad_requests(self) -> Mapping[str, int]: ...
+    @property
+    def decode_bytes(self) -> int: ...
+    @property
+    def decode_refused(self) -> int: ...
+
+
 def _model_names(snapshot: Mapping[str, Any], models: Sequence[str]) -> list[str]:
     """The served models first (so their series exist at zero from the start), then any other key."""
     names = list(models)
@@ -326,6 +344,47 @@ def _frontends(frontends: Mapping[str, FrontendCounters]) -> list[Family]:
     return [*families, answers] if frontends else []
 
 
+def _http(http: HttpCounters) -> list[Family]:
+    """The HTTP listeners' caps, timeouts and decode budget at work (docs/oip.md, "Limits")."""
+    open_now = Family("edgeserve_http_open_connections", "gauge", "HTTP connections open now, by listener")
+    refused = Family(
+        "edgeserve_http_refused_connections_total",
+        "counter",
+        "HTTP connections refused (503, closed) over listen.http_max_connections or its per-listener cap",
+    )
+    timeouts = Family(
+        "edgeserve_http_timeouts_total",
+        "counter",
+        "HTTP connections closed by a timeout: header (request head not in by http_header_timeout_s),"
+        " body (body not in by its body timeout), keepalive (idle past http_keepalive_timeout_s)",
+    )
+    bad = Family(
+        "edgeserve_http_bad_requests_total",
+        "counter",
+        "HTTP requests that could not be parsed (400 JSON, connection closed; logged at debug)",
+    )
+    for listener, n in sorted(http.open_by_listener.items()):
+        open_now.add(n, listener=listener)
+    for listener, n in sorted(http.refused_connections.items()):
+        refused.add(n, listener=listener)
+    for (listener, kind), n in sorted(http.timeouts.items()):
+        timeouts.add(n, listener=listener, kind=kind)
+    for listener, n in sorted(http.bad_requests.items()):
+        bad.add(n, listener=listener)
+    in_use = Family(
+        "edgeserve_http_decode_bytes",
+        "gauge",
+        "Large HTTP request bodies being read or decoded now, weighted by their peak decoding cost"
+        " (bytes; bounded by listen.http_decode_budget_bytes)",
+    )
+    over = Family(
+        "edgeserve_http_decode_refused_total",
+        "counter",
+        "HTTP infer requests refused (503) because the decode budget was full",
+    )
+    return [open_now, refused, timeouts, bad, in_use.add(http.decode_bytes), over.add(http.decode_refused)]
+
+
 def _upstreams(upstreams: Mapping[str, Mapping[str, Any]]) -> list[Family]:
     rtt = Family("edgeserve_upstream_rtt_seconds", "gauge", "Measured round-trip time to the upstream")
     bandwidth = Family(
@@ -396,9 +455,10 @@ def collect(
     frontends: Mapping[str, FrontendCounters] | None = None,
     process: ProcessSample | None = None,
     thread_waits: Mapping[str, float] | None = None,
+    http: HttpCounters | None = None,
 ) -> list[Family]:
-    """Every family from one Server.snapshot() (plus frontends, process and the threads' CPU
-    waits, when given)."""
+    """Every family from one Server.snapshot() (plus frontends, process, the threads' CPU waits
+    and the HTTP listeners' limits, when given)."""
     names = _model_names(snapshot, models)
     families = [
         *_triton(snapshot, names),
@@ -412,6 +472,8 @@ def collect(
         families += _process(process)
     if thread_waits:
         families.append(_thread_waits(thread_waits))
+    if http is not None:
+        families += _http(http)
     return families
 
 
@@ -422,9 +484,10 @@ def render_metrics(
     frontends: Mapping[str, FrontendCounters] | None = None,
     process: ProcessSample | None = None,
     thread_waits: Mapping[str, float] | None = None,
+    http: HttpCounters | None = None,
 ) -> str:
     """The exposition text (format 0.0.4) for one scrape."""
     families = collect(
-        snapshot, models=models, frontends=frontends, process=process, thread_waits=thread_waits
+        snapshot, models=models, frontends=frontends, process=process, thread_waits=thread_waits, http=http
     )
     return render(families)

@@ -8,6 +8,12 @@ With a `token` (NetServer passes `[listen] token`) every request needs `Authoriz
 `authorization: {credentials: ...}` in the scrape config). Bound to a non-loopback address without
 a token it logs a warning at start.
 
+Every error answer is `{"error": ...}` as application/json, as on the OIP front (401, an unknown
+path's 404, a wrong method's 405). With a `guard` (NetServer passes the one its OIP front uses:
+edgeserve.oip.connections.HttpGuard) its connections count against the HTTP caps and timeouts under
+the listener "metrics", an unparsable request is a JSON 400 too, and the guard's counters are
+exported (edgeserve_http_*).
+
     async with MetricsEndpoint(server, MetricsConfig(("127.0.0.1", 8002))) as endpoint:
         print(endpoint.url)   # http://127.0.0.1:8002/metrics
 """
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -24,7 +30,7 @@ from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import MetricsConfig
 from edgeserve.errors import listen_failure
 from edgeserve.metrics import process
-from edgeserve.metrics.catalog import FrontendCounters, render_metrics
+from edgeserve.metrics.catalog import FrontendCounters, HttpCounters, render_metrics
 from edgeserve.metrics.exposition import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -33,6 +39,29 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LISTENER = "metrics"  # this endpoint's name among the HTTP listeners of a guard
+
+
+class HttpGuardPort(HttpCounters, Protocol):
+    """What the endpoint needs of the HTTP listeners' guard: a runner under its limits, its counters."""
+
+    def runner(self, app: web.Application, listener: str, **kwargs: Any) -> web.AppRunner: ...
+
+
+def _json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 404/405 as {"error": ...} JSON, like every other answer of the HTTP fronts."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kept = {k: exc.headers[k] for k in ("Allow",) if k in exc.headers}
+        return _json_error(exc.status, exc.text or exc.reason, kept)
 
 
 class MetricsEndpoint:
@@ -40,7 +69,8 @@ class MetricsEndpoint:
 
     `frontend_stats`: one frontend's counters (labelled "socket") or {name: counters}; the objects
     are read at every scrape, so pass the live ones. `token`: the bearer token scrapes must present
-    (None: anyone who reaches the port may scrape).
+    (None: anyone who reaches the port may scrape). `guard`: the HTTP listeners' limits to serve
+    under and export (see the module docstring; None: aiohttp's defaults).
     """
 
     def __init__(
@@ -50,12 +80,14 @@ class MetricsEndpoint:
         frontend_stats: FrontendCounters | Mapping[str, FrontendCounters] | None = None,
         *,
         token: str | None = None,
+        guard: HttpGuardPort | None = None,
     ) -> None:
         if config.listen is None:
             raise ValueError("MetricsEndpoint needs metrics.listen (host, port); port 0 picks a free one")
         self.server = server
         self.config = config
         self.token = token or None
+        self.guard = guard
         self.refused_auth = 0  # scrapes refused for a missing or wrong token
         if frontend_stats is None:
             self.frontends: dict[str, FrontendCounters] = {}
@@ -77,6 +109,7 @@ class MetricsEndpoint:
             frontends=self.frontends,
             process=process.sample(),
             thread_waits=waits,
+            http=self.guard,
         )
 
     async def _scrape(self, request: web.Request) -> web.Response:
@@ -88,18 +121,23 @@ class MetricsEndpoint:
         if self.token is None or bearer_ok(request.headers.get("Authorization"), self.token):
             return await handler(request)
         self.refused_auth += 1
-        return web.json_response(
-            {"error": "a bearer token is required: send 'Authorization: Bearer <[listen] token>'"},
-            status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="edgeserve-metrics"'},
+        answer = _json_error(
+            401,
+            "a bearer token is required: send 'Authorization: Bearer <[listen] token>'",
+            {"WWW-Authenticate": 'Bearer realm="edgeserve-metrics"'},
         )
+        answer.force_close()  # a client without the token keeps no connection open
+        return answer
 
     async def start(self) -> MetricsEndpoint:
         """Listen; `url` then names the real port (useful with port 0)."""
         assert self.config.listen is not None
-        app = web.Application(middlewares=[self._authorize])
+        app = web.Application(middlewares=[_json_errors, self._authorize])
         app.router.add_get(self.config.path, self._scrape)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        if self.guard is None:
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        else:
+            runner = self.guard.runner(app, LISTENER, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self.config.listen
         try:

@@ -14,6 +14,11 @@ its still-queued samples.
 Every error answer, aiohttp's own included (unknown route, wrong method, unparsable HTTP, a handler
 fault), is the protocol's `{"error": ...}` JSON; with `[listen] token` set every route but the two
 health probes needs `Authorization: Bearer <token>` (401 otherwise). docs/oip.md has the details.
+
+One client cannot stall or starve the others (docs/oip.md, "Limits"): connections are capped and
+timed out (oip/connections.py, shared with the metrics endpoint), and an infer body is checked
+against its model before any tensor is decoded, bounded by what the model takes, charged to a
+decode budget and, when large, decoded on a worker thread (oip/decoding.py).
 """
 
 from __future__ import annotations
@@ -22,57 +27,43 @@ import asyncio
 import logging
 import math
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 
 from edgeserve import __version__
 from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
 from edgeserve.manifest import TensorSpec
+from edgeserve.oip.connections import HttpGuard
+from edgeserve.oip.decoding import DATATYPE, Decoder, ModelInputs, charge, decode, json_size, model_inputs
+from edgeserve.oip.errors import OipRequestError, error_response
 from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
 from edgeserve.wire.oip_codec import (
     HEADER_LENGTH,
     InferRequest,
     InferResponse,
-    OipMessageError,
     Tensor,
     binary_outputs,
     clip,
-    decode_request,
     encode_response,
 )
 
 _log = logging.getLogger(__name__)
 
 VERSION = "1"  # every model has one version; /versions/1 and the unversioned paths are the same
-# manifest dtype -> KServe v2 datatype
-_DATATYPE = {
-    "bool": "BOOL",
-    "uint8": "UINT8",
-    "uint16": "UINT16",
-    "int8": "INT8",
-    "int16": "INT16",
-    "int32": "INT32",
-    "int64": "INT64",
-    "float16": "FP16",
-    "float32": "FP32",
-    "float64": "FP64",
-}
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
 SHUTDOWN_TIMEOUT_S = 2.0  # at close, handlers still running after this long are cancelled
 ACCEPTED_ENCODINGS = ("", "identity", "gzip", "deflate")
 # A smaller answer fits in one TCP segment anyway: deflating it saves no packet, and took 8 % of the
 # loop's time at 4k answers/s (aiohttp's client asks for gzip by default; a few logits: ~300 bytes).
 COMPRESS_MIN_BYTES = 1400
-MAX_ERROR_CHARS = 1024  # an error text longer than this is cut (and says so)
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")  # answered without the token (probes)
+MALFORMED = (400, 413, 415)  # refusals counted as protocol errors (not 408, 503: no fault of the request's)
 
 # HTTP status per Result status. A full queue is 429 (back off and retry), shutdown 503 (go elsewhere).
 HTTP_STATUS = {
@@ -88,23 +79,6 @@ PRECEDENCE = (Status.INVALID, Status.ERROR, Status.SHUTDOWN, Status.REJECTED, St
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class OipRequestError(Exception):
-    """A request the frontend refuses before queueing: `status` and the {"error": ...} text."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
-
-
-def error_response(status: int, message: str, headers: Any = None) -> web.Response:
-    """The protocol's error answer: {"error": message}, the message cut to MAX_ERROR_CHARS."""
-    if len(message) > MAX_ERROR_CHARS:
-        message = f"{message[:MAX_ERROR_CHARS]}...[cut, {len(message)} chars]"
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
 # aiohttp's HTTPException headers that still apply to the JSON answer (405's Allow, 401's challenge).
 _KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
 
@@ -116,7 +90,10 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     try:
         return await handler(request)
     except OipRequestError as exc:
-        return error_response(exc.status, exc.message, exc.headers)
+        answer = error_response(exc.status, exc.message, exc.headers)
+        if exc.close:
+            answer.force_close()
+        return answer
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -128,63 +105,6 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         _log.exception("OIP %s %s failed", request.method, clip(request.path))
         text = f"internal server error ({type(exc).__name__}); the server log has details"
         return error_response(500, text)
-
-
-class _JsonErrorProtocol(RequestHandler):
-    """aiohttp's per-connection protocol, answering requests it cannot parse (bad request line,
-    headers, chunked body) with the protocol's JSON error instead of text/plain."""
-
-    def handle_error(
-        self,
-        request: Any,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs; raises if already sending
-        stats = getattr(self._manager, "edgeserve_stats", None)
-        if stats is not None and 400 <= status < 500:
-            stats.protocol_errors += 1
-        if status >= 500:
-            text = f"internal server error ({type(exc).__name__ if exc else status})"
-        else:
-            text = f"bad HTTP request: {message or (exc and str(exc)) or status}"
-        answer = error_response(status, text)
-        answer.force_close()
-        del plain
-        return answer
-
-
-class _CountingServer(web.Server):
-    """aiohttp's low-level server, counting connections into `edgeserve_stats` and building
-    _JsonErrorProtocol connections. AppRunner builds a plain web.Server; _Runner retypes it."""
-
-    edgeserve_stats: FrontendStats
-
-    def __call__(self) -> RequestHandler:
-        return _JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
-
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        self.edgeserve_stats.connections += 1
-        self.edgeserve_stats.open_connections += 1
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        super().connection_lost(handler, exc)
-        self.edgeserve_stats.open_connections = max(0, self.edgeserve_stats.open_connections - 1)
-
-
-class _Runner(web.AppRunner):
-    def __init__(self, app: web.Application, stats: FrontendStats, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self._edgeserve_stats = stats
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        if type(server) is web.Server:  # only aiohttp's own class, whose layout we extend
-            server.__class__ = _CountingServer
-            server.edgeserve_stats = self._edgeserve_stats  # type: ignore[attr-defined]
-        return server
 
 
 def _deadline(parameters: dict[str, Any]) -> dict[str, float]:
@@ -207,25 +127,6 @@ def _deadline(parameters: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """Inflate a gzip or deflate (zlib, or raw as some clients send) body, refusing more than `limit`."""
-    wbits = (16 + zlib.MAX_WBITS,) if encoding == "gzip" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
-    for bits in wbits:
-        inflater = zlib.decompressobj(bits)
-        try:
-            data = inflater.decompress(body, limit + 1)
-        except zlib.error:
-            continue
-        if len(data) > limit:
-            raise OipRequestError(
-                413, f"decompressed request body exceeds listen.max_frame_bytes ({limit} bytes)"
-            )
-        if not inflater.eof:
-            raise OipRequestError(400, f"{encoding} request body is truncated")
-        return data
-    raise OipRequestError(400, f"request body is not valid {encoding} data")
-
-
 def _joined(values: Sequence[Any]) -> Any:
     """One value if every sample agrees, else the per-sample values comma-joined."""
     return values[0] if len(set(values)) == 1 else ",".join(str(v) for v in values)
@@ -235,19 +136,24 @@ class OipFrontend:
     """Serve `server` over HTTP at `listen.http`: `url = await frontend.start()`, `await frontend.close()`.
 
     Bodies above `listen.max_frame_bytes` are refused with 413; an infer request carries at most
-    the model's `max_queue` samples (more could never be queued at once).
+    the model's `max_queue` samples (more could never be queued at once). `guard`: the connection
+    caps, timeouts and decode budget shared with the server's other HTTP listener (NetServer
+    passes one; alone the front makes its own).
     """
 
-    def __init__(self, server: Server, listen: ListenConfig) -> None:
+    def __init__(self, server: Server, listen: ListenConfig, guard: HttpGuard | None = None) -> None:
         if listen.http is None:
             raise ValueError("OipFrontend needs listen.http (host, port); port 0 picks a free one")
         self.server = server
         self.listen = listen
+        self.guard = guard if guard is not None else HttpGuard(listen)
         self.stats = FrontendStats()  # requests, protocol errors, by sample status, discarded answers
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._tensor_specs: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {}
+        self._inputs: dict[str, ModelInputs] = {}
+        self._decoder = Decoder(self.guard.budget)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -269,13 +175,14 @@ class OipFrontend:
     async def start(self) -> str:
         """Listen on listen.http; returns http://host:port (the real port when 0 was asked)."""
         assert self.listen.http is not None
-        runner = _Runner(
+        runner = self.guard.runner(
             self.app(),
+            "http",
             self.stats,
             access_log=None,
             handle_signals=False,
             handler_cancellation=True,
-            auto_decompress=False,  # _read_body inflates, bounded, and answers 415 for other encodings
+            auto_decompress=False,  # decoding inflates, bounded, and _encoding answers 415 for others
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         )
         await runner.setup()
@@ -307,6 +214,7 @@ class OipFrontend:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._decoder.close()
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -316,10 +224,11 @@ class OipFrontend:
             return await handler(request)
         self.stats.refused_auth += 1
         given = "a wrong" if "Authorization" in request.headers else "no"
-        raise OipRequestError(
+        raise OipRequestError(  # closing: a client without the token keeps no connection open
             401,
             f"{given} bearer token: send 'Authorization: Bearer <[listen] token>'",
             {"WWW-Authenticate": 'Bearer realm="edgeserve"'},
+            close=True,
         )
 
     # -- health and metadata -----------------------------------------------------------------------
@@ -415,97 +324,93 @@ class OipFrontend:
 
     # -- infer -------------------------------------------------------------------------------------
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The body, decompressed (gzip, deflate) and at most listen.max_frame_bytes either way."""
+    def _model_inputs(self, model: str) -> ModelInputs:
+        """What an infer request for `model` may carry (kept until its queue bound changes)."""
+        inputs, outputs = self._tensors(model)
+        limit = self.server.queue_bound(model)
+        table = self._inputs.get(model)
+        if table is None or table.limit != (limit if all(t.batched for t in inputs) else 1):
+            table = self._inputs[model] = model_inputs(model, inputs, outputs, limit)
+        return table
+
+    def _encoding(self, request: web.Request) -> str:
+        """The body's Content-Encoding (lower case, "" for none); 415 for one not taken."""
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in ACCEPTED_ENCODINGS:
             raise OipRequestError(
-                415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none"
+                415, f"Content-Encoding {clip(encoding)} is not supported; send gzip, deflate or none"
             )
+        return "" if encoding == "identity" else encoding
+
+    async def _read_body(self, request: web.Request, size: int) -> bytes:
+        """The body as sent, at most listen.max_frame_bytes; one not in by the body timeout for
+        `size` bytes is 408 (and the connection closed). A body already in whole, as most small
+        ones are with their headers, is taken without a timer."""
         limit = self.listen.max_frame_bytes
-        too_large = f"request body exceeds listen.max_frame_bytes ({limit} bytes)"
-        if request.content_length is not None and request.content_length > limit:
-            raise OipRequestError(413, f"{too_large}: Content-Length is {request.content_length}")
         try:
-            body = await request.read()
+            if request.content.is_eof():
+                return await request.read()
+            timeout = self.guard.limits.body_timeout(size)
+            try:
+                return await asyncio.wait_for(request.read(), timeout)
+            except asyncio.TimeoutError:
+                self.guard.timed_out("http", "body")
+                raise OipRequestError(
+                    408,
+                    f"request body not received within {timeout:.1f} s (listen.http_body_timeout_s plus "
+                    f"{size} bytes at listen.http_body_min_rate)",
+                    close=True,
+                ) from None
         except web.HTTPRequestEntityTooLarge:
-            raise OipRequestError(413, too_large) from None
+            raise OipRequestError(
+                413, f"request body exceeds listen.max_frame_bytes ({limit} bytes)"
+            ) from None
         except HttpProcessingError as exc:  # a malformed chunked or compressed transfer
             raise OipRequestError(400, f"request body could not be read: {clip(exc.message)}") from None
-        if encoding in ("gzip", "deflate"):
-            body = _decompress(body, encoding, limit)
-        return body
 
-    def _samples(self, model: str, request: InferRequest) -> list[Sample]:
-        """One sample per row of the inputs (a batched input's first dimension is N); 400 naming
-        what was expected."""
-        inputs, outputs = self._tensors(model)
-        limit = self._max_samples(model) if all(t.batched for t in inputs) else 1
-        given = {t.name: t for t in request.inputs}
-        if len(given) != len(request.inputs) or sorted(given) != sorted(t.name for t in inputs):
-            expected = "; ".join(f"{t.name!r}: {_expected(t)}" for t in inputs)
-            names = ", ".join(clip(t.name) for t in request.inputs[:8]) or "none"
-            if len(inputs) == 1 and len(request.inputs) == 1:
-                raise OipRequestError(
-                    400, f"model {model!r} has one input named {inputs[0].name!r}, got {names} ({expected})"
-                )
+    async def _decode(self, request: web.Request, model: str) -> tuple[InferRequest, list[Sample]]:
+        """The request and its samples (docs/oip.md, "Limits"): a large body is charged to the
+        decode budget (503 when it is full) before it is read, and decoded on the worker thread."""
+        encoding = self._encoding(request)
+        limit, declared = self.listen.max_frame_bytes, request.content_length
+        if declared is not None and declared > limit:
             raise OipRequestError(
-                400, f"model {model!r} takes the inputs {expected} (1 <= N <= {limit}), got {names}"
+                413,
+                f"request body exceeds listen.max_frame_bytes ({limit} bytes): Content-Length is {declared}",
             )
-        rows: set[int] = set()
-        for spec in inputs:
-            tensor = given[spec.name]
-            datatype = _DATATYPE[spec.dtype]
-            if tensor.datatype != datatype:
-                raise OipRequestError(
-                    400, f"input {spec.name!r}: datatype must be {datatype}, got {tensor.datatype}"
-                )
-            shape = tensor.shape
-            want = list(spec.shape)
-            if spec.batched:
-                ok = len(shape) == 1 + len(want) and shape[1:] == want and 1 <= shape[0] <= limit
-                rows.add(shape[0] if ok else -1)
-            else:
-                ok = shape == want
-            if not ok:
-                raise OipRequestError(
-                    400,
-                    f"input {spec.name!r}: shape must be {_expected(spec)} with 1 <= N <= {limit}, "
-                    f"got {clip(shape)}",
-                )
-        if len(rows) > 1:
-            raise OipRequestError(400, f"model {model!r}: the inputs have different N {sorted(rows)}")
-        names = {t.name for t in outputs}
-        for output in request.outputs:
-            if output.name not in names:
-                raise OipRequestError(
-                    400, f"model {model!r} has the outputs {sorted(names)}, not {clip(output.name)}"
-                )
-        count = rows.pop() if rows else 1
-        if len(inputs) == 1 and inputs[0].batched:
-            return list(given[inputs[0].name].data)
-        return [
-            {t.name: given[t.name].data[i] if t.batched else given[t.name].data for t in inputs}
-            for i in range(count)
-        ]
-
-    def _max_samples(self, model: str) -> int:
-        return self.server.queue_bound(model)
+        table = self._model_inputs(model)
+        size = limit if declared is None or encoding else declared  # chunked or inflated: up to the limit
+        header_length = request.headers.get(HEADER_LENGTH)
+        cost = charge(size, json_size(size, header_length), table.max_items)
+        budget = self.guard.budget
+        if cost and not budget.acquire(cost):
+            raise OipRequestError(
+                503,
+                f"the server is decoding other large requests up to listen.http_decode_budget_bytes "
+                f"({budget.limit} bytes); retry",
+                {"Retry-After": "1"},
+            )
+        handed = False
+        try:
+            body = await self._read_body(request, size)
+            if not cost:
+                return decode(body, encoding, header_length, table, limit)
+            handed = True  # the worker releases the charge when it is done
+            return await self._decoder.run(cost, decode, body, encoding, header_length, table, limit)
+        finally:
+            if cost and not handed:
+                budget.release(cost)
 
     async def _infer(self, request: web.Request) -> web.Response:
         received = time.monotonic()
         model = self._model(request)
         self.stats.requests += 1
         try:
-            body = await self._read_body(request)
-            try:
-                infer = decode_request(body, request.headers.get(HEADER_LENGTH))
-            except OipMessageError as exc:
-                raise OipRequestError(exc.status, str(exc)) from None
-            samples = self._samples(model, infer)
+            infer, samples = await self._decode(request, model)
             deadline = _deadline(infer.parameters)
-        except OipRequestError:
-            self.stats.protocol_errors += 1
+        except OipRequestError as exc:
+            if exc.status in MALFORMED:
+                self.stats.protocol_errors += 1
             raise
         try:
             margin = self.listen.reply_margin_ms / 1000.0
@@ -562,21 +467,15 @@ class OipFrontend:
         return answer
 
 
-def _expected(spec: TensorSpec) -> str:
-    dims = ", ".join(str(d) for d in spec.shape)
-    shape = f"[N, {dims}]" if spec.batched and dims else ("[N]" if spec.batched else f"[{dims}]")
-    return f"{shape} {_DATATYPE[spec.dtype]}"
-
-
 def _metadata(spec: TensorSpec) -> dict[str, Any]:
     """A tensor as model metadata lists it: -1 for the batch and for sizes that vary."""
     shape = [-1, *spec.shape] if spec.batched else list(spec.shape)
-    return {"name": spec.name, "datatype": _DATATYPE[spec.dtype], "shape": shape}
+    return {"name": spec.name, "datatype": DATATYPE[spec.dtype], "shape": shape}
 
 
 def _config_entry(spec: TensorSpec) -> dict[str, Any]:
     """A tensor as Triton's model configuration lists it (dims without the batch)."""
-    entry: dict[str, Any] = {"name": spec.name, "data_type": f"TYPE_{_DATATYPE[spec.dtype]}"}
+    entry: dict[str, Any] = {"name": spec.name, "data_type": f"TYPE_{DATATYPE[spec.dtype]}"}
     return {**entry, "dims": list(spec.shape)}
 
 

@@ -24,8 +24,10 @@ from edgeserve.metrics.endpoint import MetricsEndpoint
 from edgeserve.net.front_process import FrontProcess
 from edgeserve.net.frontend import Frontend
 from edgeserve.net.listeners import Listeners, open_listeners, require_listener
+from edgeserve.net.settings import FrontSettings
+from edgeserve.oip.connections import HttpGuard
 from edgeserve.oip.frontend import OipFrontend
-from edgeserve.runtime import BackendFactory, Server, load_config
+from edgeserve.runtime import BackendFactory, RuntimeSettings, Server, load_config
 
 # How long a stopping server waits for its connections to write the answers left in their buffers
 # (a client that does not read them loses them then): what is left of shutdown_timeout_s + 1 s
@@ -45,17 +47,25 @@ class NetServer:
         config: ServerConfig | Mapping[str, Any] | str | Path,
         *,
         backend_factory: BackendFactory | None = None,
+        front_settings: FrontSettings | None = None,
+        runtime_settings: RuntimeSettings | None = None,
     ) -> None:
+        """`front_settings`, `runtime_settings`: tuning of the socket front (in this process) and of
+        the core, for tests and experiments; the defaults are what `edgeserve serve` runs."""
         self.config = load_config(config)
-        self.server = Server(self.config, backend_factory=backend_factory)
+        self.server = Server(self.config, backend_factory=backend_factory, settings=runtime_settings)
         listen = self.config.listen
+        # The HTTP listeners (OIP front, metrics endpoint) share their caps, timeouts and counters.
+        self.http_guard = HttpGuard(listen)
         # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
-        self.oip = None if listen.http is None else OipFrontend(self.server, listen)
+        self.oip = None if listen.http is None else OipFrontend(self.server, listen, self.http_guard)
         # The socket front: in a process of its own ([listen] front_process), else on this loop,
         # where it also sees the HTTP front's clients when it holds a flood for the polite ones.
         peers = [] if self.oip is None else [self.oip.stats]
         self.frontend: Frontend | FrontProcess = (
-            FrontProcess(self.server) if listen.front_process else Frontend(self.server, listen, peers)
+            FrontProcess(self.server)
+            if listen.front_process
+            else Frontend(self.server, listen, peers, settings=front_settings)
         )
         self.listeners: Listeners | None = None
         self._socket_urls: list[str] = []
@@ -81,7 +91,11 @@ class NetServer:
                 if self.oip is not None:
                     stats["http"] = self.oip.stats
                 endpoint = MetricsEndpoint(
-                    self.server, self.config.metrics, stats, token=self.config.listen.token
+                    self.server,
+                    self.config.metrics,
+                    stats,
+                    token=self.config.listen.token,
+                    guard=self.http_guard,
                 )
                 self.metrics = await endpoint.start()
             if isinstance(self.frontend, FrontProcess):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,14 +58,30 @@ CLIP_CHARS = 200  # the most characters of a client's value an error message quo
 MAX_NESTING = 64  # deepest JSON nesting accepted in `data` (tensors have a handful of dimensions)
 
 
+def _short_repr(limit: int) -> reprlib.Repr:
+    """A repr that stops at a few levels and elements: a client's list nested 1,000 deep, or of a
+    million elements, costs no RecursionError and no megabytes of text."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxtuple, short.maxdict = 4, 16, 16, 8
+    short.maxstring = short.maxother = short.maxlong = limit
+    return short
+
+
+_SHORT = _short_repr(CLIP_CHARS)
+
+
 def clip(value: Any, limit: int = CLIP_CHARS) -> str:
-    """repr(value) for an error message, cut to `limit` characters and marked when cut."""
-    text = repr(value) if not isinstance(value, str) or len(value) <= limit else repr(value[:limit])
-    if isinstance(value, str) and len(value) > limit:
-        return f"{text}...[cut, {len(value)} chars]"
-    if len(text) > limit:
-        return f"{text[:limit]}...[cut, {len(text)} chars]"
-    return text
+    """repr(value) for an error message, cut to `limit` characters and marked when cut (a string
+    by its length; a container shown to a few levels and elements, see _short_repr)."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}...[cut, {len(value)} chars]"
+    try:
+        text = (_SHORT if limit == CLIP_CHARS else _short_repr(limit)).repr(value)
+    except (RecursionError, ValueError):  # (an object's own repr; an int past str's digit limit)
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}...[cut]"
 
 
 class OipMessageError(EdgeServeError):
@@ -253,21 +270,76 @@ def encode_response(response: InferResponse, binary: set[str] | bool = False) ->
 
 
 # -- decoding -----------------------------------------------------------------------------------------
+#
+# In two steps, so that a server checks a request against its model before it decodes any tensor:
+# `read_request` parses the JSON and checks each entry's form (names, datatypes, shapes, binary
+# sizes), `materialise` then decodes the data into arrays. `decode_request` does both.
+
+# What `[`, `{` and `,` a JSON text may hold for `max_items` (read_request): a document of n values
+# (scalars, arrays, objects) has at least n - 1 of them outside its strings, so counting them bounds
+# what json parsing builds (~56 bytes per value) before it builds anything.
+_STRUCTURE = b"[{,"
 
 
-def _split(body: bytes, header_length: str | int | None) -> tuple[dict[str, Any], memoryview]:
-    """The JSON header as a dict and the binary tail after it."""
+@dataclass(slots=True)
+class TensorEntry:
+    """An input's JSON entry, checked in form, its data not decoded yet (`materialise` does).
+
+    `data` is the entry's JSON `data`, or `raw` its bytes in the binary tail; `count` the number of
+    elements its shape holds; `where` names it in error messages."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    count: int
+    parameters: Parameters
+    where: str
+    data: Any = None
+    raw: memoryview | None = None
+
+
+@dataclass
+class RequestHeader:
+    """An infer request as `read_request` leaves it: every field checked, no tensor decoded."""
+
+    inputs: list[TensorEntry]
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+def structure_count(text: bytes) -> int:
+    """How many `[`, `{` and `,` bytes `text` holds: one pass, a bound on the JSON values in it."""
+    return len(text) - len(text.translate(None, _STRUCTURE))
+
+
+def _header_length(body: bytes, header_length: str | int | None) -> int:
     if header_length is None or header_length == "":
-        length = len(body)
-    else:
-        try:
-            length = int(header_length)
-        except (TypeError, ValueError):
-            raise OipMessageError(f"{HEADER_LENGTH} must be an integer, got {clip(header_length)}") from None
-        if not 0 < length <= len(body):
-            raise OipMessageError(f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes")
+        return len(body)
     try:
-        header = _loads(body if length == len(body) else bytes(memoryview(body)[:length]))
+        length = int(header_length)
+    except (TypeError, ValueError):
+        raise OipMessageError(f"{HEADER_LENGTH} must be an integer, got {clip(header_length)}") from None
+    if not 0 < length <= len(body):
+        raise OipMessageError(f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes")
+    return length
+
+
+def _split(
+    body: bytes, header_length: str | int | None, max_items: int | None = None
+) -> tuple[dict[str, Any], memoryview]:
+    """The JSON header as a dict and the binary tail after it; with `max_items`, a JSON text with
+    more `[`, `{` and `,` than that is refused before it is parsed (see _STRUCTURE)."""
+    length = _header_length(body, header_length)
+    text = body if length == len(body) else bytes(memoryview(body)[:length])
+    # (a text no longer than max_items cannot hold more: most requests skip the count)
+    if max_items is not None and len(text) > max_items and (items := structure_count(text)) > max_items:
+        raise OipMessageError(
+            f"request JSON holds {items} arrays, objects and values ('[', '{{' and ','); "
+            f"a request for this model holds at most {max_items}: check each input's shape and data"
+        )
+    try:
+        header = _loads(text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise OipMessageError(f"body is not valid JSON ({exc})") from None
     except RecursionError:
@@ -307,15 +379,16 @@ def _flatten(data: Any, where: str, depth: int = 0) -> list[Any]:
     return out
 
 
-def _decode_tensor(entry: Any, where: str, tail: memoryview, offset: int) -> tuple[Tensor, int]:
-    """One tensor from its JSON entry (and the binary tail at `offset`); returns the new offset."""
+def _entry(entry: Any, where: str, tail: memoryview, offset: int) -> tuple[TensorEntry, int]:
+    """One tensor's entry checked in form (and its bytes in the binary tail at `offset`), nothing
+    decoded; returns it and the new offset."""
     if not isinstance(entry, dict):
         raise OipMessageError(f"{where}: must be an object")
     name = _field(entry, "name", str, where)
     where = f"{where} ({clip(name)})"
     datatype = _field(entry, "datatype", str, where)
     shape = _field(entry, "shape", list, where)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not all(type(d) is int and d >= 0 for d in shape):
         raise OipMessageError(f"{where}.shape: must be a list of non-negative integers, got {clip(shape)}")
     if datatype != "BYTES" and datatype not in DATATYPES:
         known = ", ".join([*DATATYPES, "BYTES"])
@@ -323,49 +396,74 @@ def _decode_tensor(entry: Any, where: str, tail: memoryview, offset: int) -> tup
     parameters = _parameters(entry, where)
     count = math.prod(shape)
     size = parameters.pop("binary_data_size", None)
-    if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(tail):
-            raise OipMessageError(
-                f"{where}: binary_data_size {clip(size)} exceeds the {len(tail) - offset} bytes left"
-            )
-        raw = tail[offset : offset + size]
-        offset += size
-        array = _from_bytes(raw, datatype, count, where)
-    else:
+    if size is None:
         if "data" not in entry:
             raise OipMessageError(f"{where}: has neither 'data' nor parameters.binary_data_size")
-        array = _from_json(_flatten(entry["data"], where), datatype, count, where)
+        return TensorEntry(name, datatype, shape, count, parameters, where, data=entry["data"]), offset
+    if type(size) is not int or size < 0 or offset + size > len(tail):
+        raise OipMessageError(
+            f"{where}: binary_data_size {clip(size)} exceeds the {len(tail) - offset} bytes left"
+        )
+    _check_size(size, datatype, count, where)
+    raw = tail[offset : offset + size]
+    return TensorEntry(name, datatype, shape, count, parameters, where, raw=raw), offset + size
+
+
+def _check_size(size: int, datatype: str, count: int, where: str) -> None:
+    """A binary tensor's size against its shape, before any element is read: exact for fixed-size
+    datatypes; for BYTES at least the 4-byte length of each element."""
+    if datatype == "BYTES":
+        if 4 * count > size:
+            raise OipMessageError(
+                f"{where}: {size} bytes cannot hold {count} BYTES elements (4 bytes of length each)"
+            )
+        return
+    itemsize = DATATYPES[datatype].itemsize
+    if size != count * itemsize:
+        raise OipMessageError(
+            f"{where}: {size} bytes of {datatype} for a shape of {count} elements "
+            f"(expected {count * itemsize})"
+        )
+
+
+def _array(entry: TensorEntry) -> np.ndarray:
+    """The entry's data as an array of its shape."""
+    where, count = entry.where, entry.count
+    if entry.raw is not None:
+        array = _from_bytes(entry.raw, entry.datatype, count, where)
+    else:
+        array = _from_json(_flatten(entry.data, where), entry.datatype, count, where)
     try:
-        shaped = array.reshape(shape)
+        return array.reshape(entry.shape)
     except ValueError as exc:
-        raise OipMessageError(f"{where}.shape: {clip(shape)} cannot hold the data ({exc})") from None
-    return Tensor(name, shaped, parameters), offset
+        raise OipMessageError(f"{where}.shape: {clip(entry.shape)} cannot hold the data ({exc})") from None
 
 
 def _from_bytes(raw: memoryview, datatype: str, count: int, where: str) -> np.ndarray:
     if datatype == "BYTES":
-        items: list[bytes] = []
-        i = 0
-        while i < len(raw):
-            if i + 4 > len(raw):
-                raise OipMessageError(f"{where}: BYTES element length prefix is cut off")
-            n = int.from_bytes(raw[i : i + 4], "little")
-            if i + 4 + n > len(raw):
-                raise OipMessageError(f"{where}: BYTES element of {n} bytes runs past the tensor")
-            items.append(bytes(raw[i + 4 : i + 4 + n]))
-            i += 4 + n
-        if len(items) != count:
-            raise OipMessageError(f"{where}: {len(items)} BYTES elements for a shape of {count}")
-        array = np.empty(count, dtype=object)
-        array[:] = items
-        return array
+        return _bytes_elements(raw, count, where)
     dtype = DATATYPES[datatype]
-    if len(raw) != count * dtype.itemsize:
-        raise OipMessageError(
-            f"{where}: {len(raw)} bytes of {datatype} for a shape of {count} elements "
-            f"(expected {count * dtype.itemsize})"
-        )
+    _check_size(len(raw), datatype, count, where)
     return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=True)
+
+
+def _bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
+    """`count` length-prefixed BYTES elements filling `raw` exactly (never more read than the shape
+    asks for)."""
+    _check_size(len(raw), "BYTES", count, where)
+    array = np.empty(count, dtype=object)
+    i = 0
+    for k in range(count):
+        if i + 4 > len(raw):
+            raise OipMessageError(f"{where}: BYTES element length prefix is cut off")
+        n = int.from_bytes(raw[i : i + 4], "little")
+        if i + 4 + n > len(raw):
+            raise OipMessageError(f"{where}: BYTES element of {n} bytes runs past the tensor")
+        array[k] = bytes(raw[i + 4 : i + 4 + n])
+        i += 4 + n
+    if i != len(raw):
+        raise OipMessageError(f"{where}: {len(raw) - i} bytes after the {count} BYTES elements of its shape")
+    return array
 
 
 def _from_json(values: list[Any], datatype: str, count: int, where: str) -> np.ndarray:
@@ -393,16 +491,16 @@ _FLOAT_TYPES = frozenset((int, float))
 _INT_TYPES = frozenset((int,))
 
 
-def _decode_tensors(entries: Any, where: str, tail: memoryview) -> list[Tensor]:
+def _entries(entries: Any, where: str, tail: memoryview) -> list[TensorEntry]:
     if not isinstance(entries, list):
         raise OipMessageError(f"{where}: must be a list")
-    tensors, offset = [], 0
+    found, offset = [], 0
     for i, entry in enumerate(entries):
-        tensor, offset = _decode_tensor(entry, f"{where}[{i}]", tail, offset)
-        tensors.append(tensor)
+        checked, offset = _entry(entry, f"{where}[{i}]", tail, offset)
+        found.append(checked)
     if offset != len(tail):
         raise OipMessageError(f"{len(tail) - offset} bytes after the last binary tensor belong to no tensor")
-    return tensors
+    return found
 
 
 def _optional_id(header: Mapping[str, Any]) -> str | None:
@@ -412,23 +510,48 @@ def _optional_id(header: Mapping[str, Any]) -> str | None:
     return value
 
 
-def decode_request(body: bytes, header_length: str | int | None = None) -> InferRequest:
-    """An infer request from its body and its Inference-Header-Content-Length (None: all JSON)."""
-    header, tail = _split(body, header_length)
-    inputs = _decode_tensors(_field(header, "inputs", list, "request"), "inputs", tail)
-    if not inputs:
-        raise OipMessageError("inputs: must name at least one tensor")
-    parameters = _parameters(header, "request")
-    all_binary = bool(parameters.get("binary_data_output", False))
+def _requested_outputs(header: Mapping[str, Any], all_binary: bool) -> list[RequestedOutput]:
+    entries = header.get("outputs")
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise OipMessageError(f"outputs: must be a list of objects, got {type(entries).__name__}")
     outputs = []
-    for i, entry in enumerate(header.get("outputs") or []):
+    for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise OipMessageError(f"outputs[{i}]: must be an object")
         name = _field(entry, "name", str, f"outputs[{i}]")
         out_params = _parameters(entry, f"outputs[{i}]")
         binary = bool(out_params.pop("binary_data", all_binary))
         outputs.append(RequestedOutput(name, binary, out_params))
-    return InferRequest(inputs, outputs, _optional_id(header), parameters)
+    return outputs
+
+
+def read_request(
+    body: bytes, header_length: str | int | None = None, *, max_items: int | None = None
+) -> RequestHeader:
+    """An infer request's header from its body and Inference-Header-Content-Length (None: all
+    JSON), every field checked and no tensor decoded, so that the caller can check it against its
+    model first (`materialise` decodes). `max_items`: the most `[`, `{` and `,` the JSON may hold,
+    counted before it is parsed (a server's bound from the model's inputs)."""
+    header, tail = _split(body, header_length, max_items)
+    inputs = _entries(_field(header, "inputs", list, "request"), "inputs", tail)
+    if not inputs:
+        raise OipMessageError("inputs: must name at least one tensor")
+    parameters = _parameters(header, "request")
+    all_binary = bool(parameters.get("binary_data_output", False))
+    return RequestHeader(inputs, _requested_outputs(header, all_binary), _optional_id(header), parameters)
+
+
+def materialise(header: RequestHeader) -> InferRequest:
+    """The request with its tensors decoded (each array of its entry's shape)."""
+    inputs = [Tensor(e.name, _array(e), e.parameters) for e in header.inputs]
+    return InferRequest(inputs, header.outputs, header.id, header.parameters)
+
+
+def decode_request(body: bytes, header_length: str | int | None = None) -> InferRequest:
+    """An infer request from its body and its Inference-Header-Content-Length (None: all JSON)."""
+    return materialise(read_request(body, header_length))
 
 
 def decode_response(body: bytes, header_length: str | int | None = None) -> InferResponse:
@@ -436,7 +559,10 @@ def decode_response(body: bytes, header_length: str | int | None = None) -> Infe
     header, tail = _split(body, header_length)
     if "error" in header and "outputs" not in header:
         raise OipMessageError(f"server answered an error: {header['error']}", status=502)
-    outputs = _decode_tensors(_field(header, "outputs", list, "response"), "outputs", tail)
+    outputs = [
+        Tensor(e.name, _array(e), e.parameters)
+        for e in _entries(_field(header, "outputs", list, "response"), "outputs", tail)
+    ]
     version = header.get("model_version")
     return InferResponse(
         model_name=str(header.get("model_name", "")),

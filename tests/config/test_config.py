@@ -229,6 +229,53 @@ def test_unset_windows_are_derived_from_the_servers_bound() -> None:
     assert ListenConfig(max_in_flight=8).resolved(10, 900) == ListenConfig(max_in_flight=8)  # explicit: kept
 
 
+def test_the_http_limits_have_defaults_and_read_from_the_listen_table() -> None:
+    from edgeserve.config.server import ListenConfig
+
+    default = ServerConfig.from_dict(_minimal()).listen
+    assert (default.http_max_connections, default.http_max_connections_per_listener) == (None, None)
+    assert (default.http_header_timeout_s, default.http_body_timeout_s) == (10.0, 10.0)
+    assert (default.http_body_min_rate, default.http_keepalive_timeout_s) == (256 * 1024, 75.0)
+    assert default.decode_budget_bytes == 16 * default.max_frame_bytes  # http_decode_budget_bytes unset
+    keys = {
+        "http_max_connections": 100,
+        "http_max_connections_per_listener": 80,
+        "http_header_timeout_s": 2,
+        "http_body_timeout_s": 3.5,
+        "http_body_min_rate": 65536,
+        "http_keepalive_timeout_s": 20,
+        "http_decode_budget_bytes": 1 << 24,
+    }
+    listen = ServerConfig.from_dict(_minimal(listen=keys)).listen
+    assert listen == ListenConfig(**{**keys, "http_header_timeout_s": 2.0, "http_keepalive_timeout_s": 20.0})
+    assert listen.decode_budget_bytes == 1 << 24
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [
+        ({"http_max_connections": 0}, "listen.http_max_connections: must be an integer >= 1"),
+        (
+            {"http_max_connections_per_listener": 1.5},
+            "listen.http_max_connections_per_listener: must be an integer",
+        ),
+        (
+            {"http_max_connections": 10, "http_max_connections_per_listener": 20},
+            "listen.http_max_connections_per_listener: 20 is more than listen.http_max_connections (10)",
+        ),
+        ({"http_header_timeout_s": 0}, "listen.http_header_timeout_s: must be a positive number"),
+        ({"http_body_timeout_s": -1}, "listen.http_body_timeout_s: must be a positive number"),
+        ({"http_keepalive_timeout_s": "75"}, "listen.http_keepalive_timeout_s: must be a positive number"),
+        ({"http_body_min_rate": 0}, "listen.http_body_min_rate: must be an integer >= 1"),
+        ({"http_decode_budget_bytes": 1000}, "listen.http_decode_budget_bytes: must be an integer >= 65536"),
+        ({"http_timeout_s": 1}, "listen.http_timeout_s: unknown key"),
+    ],
+)
+def test_invalid_http_limits_name_the_key(listen: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ServerConfig.from_dict(_minimal(listen=listen))
+
+
 @pytest.mark.parametrize(
     ("listen", "message"),
     [

@@ -5,6 +5,7 @@ clients received."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import sys
 from collections import Counter
@@ -210,3 +211,70 @@ def test_http_inference_requests_are_counted_under_the_http_frontend(served, tmp
     assert value(samples, "edgeserve_frontend_answers", frontend="http", status="ok") == 4  # samples
     assert value(samples, "edgeserve_frontend_requests", frontend="socket") == 0
     assert value(samples, "nv_inference_request_success", model="tiny_a", version="1") == 4
+
+
+def _ask(url: str, raw: bytes) -> tuple[bytes, bytes, bytes]:
+    """(status, head, body) of one raw request to the host:port of `url`, read to the close."""
+    import socket
+
+    host, port = url.removeprefix("http://").split("/", 1)[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b" ", 2)[1], head.lower(), body
+
+
+def test_the_endpoint_answers_errors_as_json_and_serves_under_the_http_limits(served, tmp_path: Path) -> None:
+    """Without an OIP front too, NetServer's metrics endpoint is held to the HTTP listeners' caps
+    and timeouts (listener "metrics"), and every error is {"error": ...} JSON: 401 (a bearer
+    header that is not UTF-8 too), 404, and a request it cannot parse (400, not text/plain)."""
+    root, _ = served
+    config = {**_config(root, tmp_path), "listen": {"unix": str(tmp_path / "s.sock"), "token": "t0k"}}
+    get = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    with server_thread(config) as srv:
+        url = srv.net.metrics_url
+        assert url is not None
+        for raw, expected in (
+            (get + b"Authorization: Bearer \xff\r\n\r\n", b"401"),
+            (get + b"\r\n", b"401"),
+            (
+                b"GET /nothing HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\nConnection: close\r\n\r\n",
+                b"404",
+            ),
+            (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", b"400"),
+        ):
+            status, head, body = _ask(url, raw)
+            assert status == expected and b"content-type: application/json" in head, (raw, head)
+            assert list(json.loads(body)) == ["error"]
+        status, _, body = _ask(url, get + b"Authorization: Bearer t0k\r\n\r\n")
+    assert status == b"200"
+    samples = parse_samples(body.decode())
+    assert value(samples, "edgeserve_http_bad_requests_total", listener="metrics") == 1
+    assert value(samples, "edgeserve_http_timeouts_total", listener="metrics", kind="header") == 0
+    assert value(samples, "edgeserve_http_open_connections", listener="metrics") == 1  # this scrape
+
+
+def test_the_http_limit_families_render_from_the_guards_counters() -> None:
+    from types import SimpleNamespace
+
+    from edgeserve.metrics import render_metrics
+    from edgeserve.runtime.counters import Counters
+
+    http = SimpleNamespace(
+        open_by_listener={"http": 3, "metrics": 1},
+        refused_connections={"http": 7, "metrics": 0},
+        timeouts={("http", "header"): 2, ("http", "body"): 1, ("http", "keepalive"): 4},
+        bad_requests={"http": 5, "metrics": 1},
+        decode_bytes=1024,
+        decode_refused=2,
+    )
+    samples = parse_samples(render_metrics(Counters().snapshot(), models=["m"], http=http))
+    assert value(samples, "edgeserve_http_open_connections", listener="http") == 3
+    assert value(samples, "edgeserve_http_refused_connections_total", listener="http") == 7
+    assert value(samples, "edgeserve_http_timeouts_total", listener="http", kind="keepalive") == 4
+    assert value(samples, "edgeserve_http_bad_requests_total", listener="metrics") == 1
+    assert value(samples, "edgeserve_http_decode_bytes") == 1024
+    assert value(samples, "edgeserve_http_decode_refused_total") == 2

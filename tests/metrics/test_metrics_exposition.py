@@ -16,9 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from repo_paths import REPO
 from runtime_support import config_dict, profiled_tiny_repository
 
+from edgeserve.config.server import ListenConfig
 from edgeserve.loop import run
 from edgeserve.metrics import Family, render, render_metrics
 from edgeserve.metrics import process as process_metrics
+from edgeserve.oip.connections import HttpGuard
 from edgeserve.runtime.counters import BusyWindow, Counters, FrontendStats, Histogram
 from edgeserve.runtime.server import Server
 
@@ -141,6 +143,8 @@ def test_every_documented_metric_is_exported_and_every_exported_one_is_documente
     }  # fmt: skip
 
     stats = FrontendStats(connections=1, requests=3, by_status={"ok": 3})
+    guard = HttpGuard(ListenConfig())  # the HTTP listeners' counters, as NetServer's
+    guard.add_listener("http")
 
     text = render_metrics(
         snapshot,
@@ -148,6 +152,7 @@ def test_every_documented_metric_is_exported_and_every_exported_one_is_documente
         frontends={"socket": stats},
         process=process_metrics.sample(),
         thread_waits={"executor": 0.25, "loop": 0.5},
+        http=guard,
     )
     families = {f.name: f for f in text_string_to_metric_families(text)}
     exported = {re.search(r"^# TYPE (\S+)", line).group(1) for line in text.splitlines() if "# TYPE" in line}

@@ -73,6 +73,9 @@ def infer_json(data: Any, shape: list[int], name: str = "x") -> bytes:
 def test_a_deeply_nested_body_is_400_json(served: tuple[ServerThread, str]) -> None:
     url = f"{served[1]}/v2/models/tiny_a/infer"
     status, headers, body = fetch("POST", url, b"[" * 100_000 + b"]" * 100_000)
+    # counted before it is parsed: far more arrays than a request for tiny_a could hold
+    assert status == 400 and "holds 100000 arrays" in json_error(status, headers, body)
+    status, headers, body = fetch("POST", url, b"[" * 3000 + b"]" * 3000)  # within the count: parsed
     assert status == 400 and "nested too deeply" in json_error(status, headers, body)
     status, headers, body = fetch("POST", url, b'{"inputs": ' + b"[" * 50_000)
     assert status == 400 and "JSON" in json_error(status, headers, body)
@@ -324,6 +327,7 @@ def test_loopback_and_bearer_helpers() -> None:
     assert not is_loopback("192.168.1.2") and not is_loopback("jetson.local")
     assert bearer_ok("Bearer abc", "abc") and bearer_ok("bearer  abc ", "abc")
     assert not bearer_ok(None, "abc") and not bearer_ok("Bearer abd", "abc") and not bearer_ok("abc", "abc")
+    assert not bearer_ok("Bearer \udcff", "abc")  # a header byte that is not UTF-8, as aiohttp keeps it
     assert ListenConfig(token="x").token == "x"
 
 
