@@ -20,23 +20,38 @@ $(STAMP): setup.cfg pyproject.toml setup.py edgeserve/runtime/_nap.c edgeserve/s
 		nudenet==3.4.2 silero-vad==6.2.3
 	touch $(STAMP)
 
+# tensorrt-stubs for mypy, apart from the venv's site-packages (tests/standins/install_tensorrt_stubs.py
+# says why) and patched where mypy cannot read them; mypy finds them through setup.cfg's mypy_path.
+TYPESTUBS := $(VENV)/typestubs/.installed
+$(TYPESTUBS): $(STAMP) tests/standins/install_tensorrt_stubs.py
+	$(BIN)/python tests/standins/install_tensorrt_stubs.py $(VENV)/typestubs
+	touch $(TYPESTUBS)
+
 demo: $(STAMP)
 	$(BIN)/python -m edgeserve.demo
 
-test: $(STAMP)
+test: $(STAMP) $(TYPESTUBS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(STAMP) $(TYPESTUBS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .import_linter_cache .grimp_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .import_linter_cache .grimp_cache .mypy_cache
+
+# On a GPU machine, offline, <= 5 min: CUDA tests, torch vs simulator, TensorRT vs ONNX Runtime.
+# Skips cleanly without a GPU (benchmarks/gpu_check.sh).
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	benchmarks/gpu_check.sh

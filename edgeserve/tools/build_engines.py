@@ -141,6 +141,7 @@ def build_engines_command(args: argparse.Namespace) -> int:
         raise EdgeServeError(
             "--target only plans (add --dry-run): engines are built on, and for, the GPU that runs them"
         )
+    target: BuildTarget | None
     if args.target is not None:
         try:
             target = parse_target(args.target, args.precision)
@@ -196,7 +197,7 @@ def _build(
     if not todo:
         print("all engines are current; nothing to build (--force rebuilds them)")
         return
-    builder = EngineBuilder(target, args.workspace_mib, timing_cache)
+    builder = EngineBuilder(target, args.workspace_mib, timing_cache, args.device_id)
     by_name = {m.name: m for m in manifests}
     started = time.perf_counter()
     with tqdm(todo, desc="engines", unit="engine", file=sys.stderr) as bar:

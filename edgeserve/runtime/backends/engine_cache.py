@@ -47,15 +47,24 @@ class BuildTarget:
     compute_capability: str  # "8.7" for a Jetson Orin
     trt_version: str  # "10.3.0"
     precision: str = "fp32"
+    sm_count: int = 0  # multiprocessors; 0: unknown (a --target plan, or a record from before)
+    memory_gib: int = 0  # total GPU memory rounded to GiB; 0: unknown
 
     @property
     def trt_major(self) -> int:
         return int(self.trt_version.split(".", 1)[0])
 
     def key(self) -> str:
-        """Folder name under engines/<model>/trt/: readable and file-name safe."""
+        """Folder name under engines/<model>/trt/: readable and file-name safe.
+
+        Every Jetson Orin module reports the device name "Orin" and sm 8.7, so the key also holds
+        the SM count and the memory in GiB when known ("orin-sm87-16sm-15g-trt10.3.0-fp32"): an
+        engine tuned on an AGX Orin is not reused on an Orin Nano. Folders from before (no SM part)
+        are not looked at: build-engines plans those models as "no engine for this target yet".
+        """
         cc = self.compute_capability.replace(".", "")
-        return f"{_slug(self.device)[:40]}-sm{cc}-trt{_slug(self.trt_version)}-{self.precision}"
+        size = f"-{self.sm_count}sm-{self.memory_gib}g" if self.sm_count else ""
+        return f"{_slug(self.device)[:40]}-sm{cc}{size}-trt{_slug(self.trt_version)}-{self.precision}"
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,8 @@ class EngineRecord:
     # None: one optimization profile per batch size, profile i = batch_sizes[i] (export's chains);
     # else the graph batch (min, opt, max) of the engine's one profile (imported models).
     batch_profile: tuple[int, int, int] | None = None
+    sm_count: int = 0  # BuildTarget.sm_count; 0 in records written before it was kept
+    memory_gib: int = 0
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -160,6 +171,8 @@ class EngineRecord:
                 built_at=str(data["built_at"]),
                 build_seconds=float(data["build_seconds"]),
                 batch_profile=_profile_tuple(profile),
+                sm_count=int(data.get("sm_count", 0)),
+                memory_gib=int(data.get("memory_gib", 0)),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RepositoryError(
@@ -280,6 +293,8 @@ def new_record(
         built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(build_seconds, 3),
         batch_profile=profile,
+        sm_count=target.sm_count,
+        memory_gib=target.memory_gib,
     )
 
 
@@ -292,7 +307,7 @@ def stale_reasons(
     profile: tuple[int, int, int] | None = None,
 ) -> list[str]:
     """Why an engine built as `record` says cannot serve `manifest` on `target`; empty if it can."""
-    wanted = {
+    wanted: dict[str, Any] = {
         "model": manifest.name,
         "stage": stage,
         "onnx_sha256": manifest.stages[stage].sha256,
@@ -303,6 +318,8 @@ def stale_reasons(
         "batch_sizes": sizes,
         "batch_profile": profile,
     }
+    if target.sm_count:  # known here: the engine must come from a GPU of the same size
+        wanted |= {"sm_count": target.sm_count, "memory_gib": target.memory_gib}
     reasons = []
     for field_name, value in wanted.items():
         have = getattr(record, field_name)

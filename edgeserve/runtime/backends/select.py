@@ -52,6 +52,37 @@ def tensorrt_missing(find_spec: FindSpec, has_gpu: bool) -> str | None:
     return None
 
 
+def tensorrt_unready(repository: ModelRepository) -> str | None:
+    """Why `auto` should not pick TensorRT for `repository` although it imports: its major version is
+    not one edgeserve builds for, or a model has no engine built (one line with the fix), else None.
+
+    Checks only that some engine folder exists per model: the exact target (GPU, precision) is
+    checked at load, which names the command that rebuilds a stale engine.
+    """
+    from edgeserve.runtime.backends.engine_cache import SUPPORTED_TRT_MAJORS
+
+    try:
+        import tensorrt  # type: ignore[import-not-found]
+
+        major = int(str(tensorrt.__version__).split(".", 1)[0])
+    except (ImportError, AttributeError, ValueError) as exc:
+        return f"tensorrt: TensorRT does not import or has no version here ({exc})"
+    if major not in SUPPORTED_TRT_MAJORS:
+        return (
+            f"tensorrt: TensorRT {tensorrt.__version__} is installed; edgeserve builds for TensorRT "
+            f"{' or '.join(map(str, SUPPORTED_TRT_MAJORS))}"
+        )
+    unbuilt = [
+        m for m in repository.models() if not any((repository.model_dir(m) / "trt").glob("*/*.engine"))
+    ]
+    if unbuilt:
+        return (
+            f"tensorrt: no TensorRT engines built for {', '.join(unbuilt)} "
+            f"(`edgeserve build-engines --repository {repository.root}` builds them)"
+        )
+    return None
+
+
 def torch_missing(find_spec: FindSpec) -> str | None:
     if not _find(find_spec, "torch"):
         return "torch: torch is not installed (`pip install 'edgeserve[export]'`)"
@@ -74,9 +105,12 @@ def choose_backend(
     find_spec: FindSpec = importlib.util.find_spec,
     has_gpu: Callable[[], bool] = gpu_visible,
     ort_providers: Callable[[], Sequence[str]] | None = None,
+    tensorrt_ready: Callable[[], str | None] | None = None,
 ) -> BackendChoice:
     """Resolve `name` (one of BACKEND_NAMES) on this machine; BackendUnavailableError with the fix if
-    an explicitly named backend cannot run. The probes are parameters so tests can simulate absence."""
+    an explicitly named backend cannot run. The probes are parameters so tests can simulate absence.
+    `tensorrt_ready` (auto only): why TensorRT, although installed, cannot serve the repository
+    (tensorrt_unready), or None."""
     if name not in BACKEND_NAMES:
         raise BackendUnavailableError(f"unknown backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
     given = tuple(providers) if providers else None
@@ -97,6 +131,8 @@ def choose_backend(
     skipped = []
     gpu = has_gpu()
     reason = tensorrt_missing(find_spec, gpu)
+    if reason is None and tensorrt_ready is not None:
+        reason = tensorrt_ready()
     if reason is None:
         return BackendChoice("tensorrt", None, ())
     skipped.append(reason)
@@ -139,7 +175,7 @@ def create_backend(
     as one composed graph (None: for small models). `choice` overrides the probing (tests).
     `slowdown` and `fingerprint` (a stored profile's key) are the emulated backend's.
     """
-    choice = choice or choose_backend(name, providers)
+    choice = choice or choose_backend(name, providers, tensorrt_ready=lambda: tensorrt_unready(repository))
     if report is not None:
         for reason in choice.skipped:
             report(f"backend auto: skipped {reason}")

@@ -23,8 +23,9 @@ GPU-only code: not executed by the test suite (no GPU or TensorRT there); its pu
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,7 +35,14 @@ from edgeserve.manifest import Manifest
 from edgeserve.onnx_graph import sample_batch
 from edgeserve.repository import ModelRepository
 from edgeserve.runtime.backends.buffer_plan import BufferPlan, plan_buffers
-from edgeserve.runtime.backends.cuda_runtime import CudaGraph, DeviceBuffer, check, import_cudart, new_stream
+from edgeserve.runtime.backends.cuda_runtime import (
+    CudaGraph,
+    DeviceBuffer,
+    GraphCaptureError,
+    check,
+    import_cudart,
+    new_stream,
+)
 from edgeserve.runtime.backends.engine_cache import (
     BuildTarget,
     EngineRecord,
@@ -53,15 +61,20 @@ from edgeserve.runtime.backends.tensorrt_imported import (
 )
 from edgeserve.runtime.validation import Feeds, loaded_model, validate_exit, validate_feeds
 
+if TYPE_CHECKING:  # tensorrt-stubs: mypy checks every TensorRT call here against its signatures
+    import tensorrt as trt
+
+_log = logging.getLogger(__name__)
+
 
 @dataclass
 class _LoadedModel:
     manifest: Manifest
     plan: BufferPlan
-    engines: list[Any]
+    engines: list[trt.ICudaEngine]
     buffers: dict[str, DeviceBuffer]
     scratch: DeviceBuffer
-    contexts: list[list[Any]]  # [stage][batch - 1]
+    contexts: list[list[trt.IExecutionContext]]  # [stage][batch - 1]
     graphs: dict[tuple[int, int], CudaGraph] = field(default_factory=dict)  # (last stage, batch)
 
 
@@ -87,9 +100,10 @@ class TensorRTBackend:
         self.warmup = warmup
         check(self.cudart.cudaSetDevice(device_id), "cudaSetDevice")
         self.target: BuildTarget = detect_target(precision, device_id)
-        self._logger = self.trt.Logger(self.trt.Logger.WARNING)
-        self._runtime = self.trt.Runtime(self._logger)
+        self._logger: trt.Logger = self.trt.Logger(self.trt.Logger.WARNING)
+        self._runtime: trt.Runtime = self.trt.Runtime(self._logger)
         self._stream: Any = None  # created by the first load, on the thread that owns the backend
+        self._stream_handle = 0  # int(self._stream), kept: execute_async_v3 takes the raw handle
         self._models: dict[str, _LoadedModel | ImportedModel] = {}
 
     # -- loading -----------------------------------------------------------------------------------
@@ -102,6 +116,7 @@ class TensorRTBackend:
             refuse_unservable(manifest)
         if self._stream is None:
             self._stream = new_stream(self.cudart)
+            self._stream_handle = int(self._stream)
         records = [
             load_current_record(self.repository, manifest, k, self.target)
             for k in range(len(manifest.stages))
@@ -116,14 +131,13 @@ class TensorRTBackend:
         fix = f"rebuild with `edgeserve build-engines --model {manifest.name} --force`"
         max_batch = check_profiles(manifest, records, fix)
         paths = [engine_path(self.repository, manifest.name, self.target, k) for k in range(len(records))]
+        self._unload(manifest.name)
         engines = []
         for path in paths:
             engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
             if engine is None:
                 raise RepositoryError(f"{path}: TensorRT cannot deserialize this engine; {fix}")
             engines.append(engine)
-        if manifest.name in self._models:
-            self._release(self._models.pop(manifest.name))
         loaded = open_imported(self.trt, self.cudart, self._stream, manifest, engines, paths, max_batch, fix)
         try:
             sizes = sorted({1, loaded.plan.max_batch})
@@ -146,6 +160,7 @@ class TensorRTBackend:
         if any(r.batch_sizes[:max_batch] != batch_sizes(max_batch) for r in records):
             raise RepositoryError(f"{manifest.name}: engines must have profiles for batches 1..N; {fix}")
         plan = plan_buffers(manifest, max_batch)
+        self._unload(manifest.name)
         engines = []
         for k in range(len(manifest.stages)):
             path = engine_path(self.repository, manifest.name, self.target, k)
@@ -154,8 +169,6 @@ class TensorRTBackend:
                 raise RepositoryError(f"{path}: TensorRT cannot deserialize this engine; {fix}")
             _check_engine_io(self.trt, engine, plan, k, path, fix)
             engines.append(engine)
-        if manifest.name in self._models:  # reloading: the old engines and buffers go first
-            self._release(self._models.pop(manifest.name))
         buffers = {a.name: DeviceBuffer(self.cudart, a.nbytes, a.dtype, a.host) for a in plan.allocations}
         scratch = DeviceBuffer(self.cudart, max(_scratch_bytes(e) for e in engines), "uint8", host=False)
         loaded = _LoadedModel(manifest, plan, engines, buffers, scratch, contexts=[])
@@ -169,29 +182,50 @@ class TensorRTBackend:
             raise
         self._models[manifest.name] = loaded
 
+    def _unload(self, name: str) -> None:
+        """Reloading: free the old engines, contexts and buffers before deserializing the new ones.
+
+        A Jetson's GPU shares the board's DRAM (8 GB on the smaller Orins), so old and new engines of
+        a large model may not fit together. The engine records were checked before this (load), so
+        what still can fail here (a corrupt engine, out of memory) leaves the model unloaded, and
+        the caller's error says why; serving the old engines on was not worth holding both.
+        """
+        if name in self._models:
+            self._release(self._models.pop(name))
+
     def _bind_contexts(
         self,
-        engine: Any,
+        engine: trt.ICudaEngine,
         plan: BufferPlan,
         stage: int,
         buffers: dict[str, DeviceBuffer],
         scratch: DeviceBuffer,
-    ) -> list[Any]:
+    ) -> list[trt.IExecutionContext]:
         """One context per batch size: profile, input shape and addresses are set here, once."""
         strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
         contexts = []
         for batch in range(1, plan.max_batch + 1):
             bindings = plan.bindings(stage, batch)
+            where = f"{plan.model} stage {stage}, batch {batch}"
             context = engine.create_execution_context(strategy)
+            if context is None:
+                raise RuntimeError(f"{where}: TensorRT create_execution_context returned None (see its log)")
             if hasattr(context, "set_device_memory"):  # TensorRT >= 10.1: pointer and size
                 context.set_device_memory(scratch.device, scratch.nbytes)
             else:
-                context.device_memory = scratch.device
-            context.set_optimization_profile_async(bindings.profile, int(self._stream))
+                context.device_memory = scratch.device  # type: ignore[attr-defined]  # TensorRT 10.0
+            if not context.set_optimization_profile_async(bindings.profile, self._stream_handle):
+                raise RuntimeError(
+                    f"{where}: TensorRT set_optimization_profile_async({bindings.profile}) failed"
+                )
             for b in bindings.bindings:
-                if b.is_input:
-                    context.set_input_shape(b.tensor, b.shape)
-                context.set_tensor_address(b.tensor, buffers[b.allocation].device)
+                if b.is_input and not context.set_input_shape(b.tensor, b.shape):
+                    raise RuntimeError(
+                        f"{where}: TensorRT set_input_shape({b.tensor!r}, {list(b.shape)}) failed on "
+                        f"profile {bindings.profile}"
+                    )
+                if not context.set_tensor_address(b.tensor, buffers[b.allocation].device):
+                    raise RuntimeError(f"{where}: TensorRT set_tensor_address({b.tensor!r}) failed")
             contexts.append(context)
         return contexts
 
@@ -204,13 +238,23 @@ class TensorRTBackend:
         check(self.cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         if not self.cuda_graphs:
             return
+        refused: dict[int, str] = {}  # last stage -> why TensorRT could not enqueue it under capture
         for last in sorted({e.stage for e in loaded.manifest.exits}):
             for batch in range(1, loaded.plan.max_batch + 1):
 
                 def work(last: int = last, batch: int = batch) -> None:
                     self._enqueue(loaded, last, batch)
 
-                loaded.graphs[(last, batch)] = CudaGraph.capture(self.cudart, self._stream, work)
+                try:
+                    loaded.graphs[(last, batch)] = CudaGraph.capture(self.cudart, self._stream, work)
+                except GraphCaptureError as exc:  # as trtexec: this work runs without a graph
+                    refused.setdefault(last, str(exc))
+        if refused:
+            _log.warning(
+                "%s: CUDA graph capture failed for %s; those exits run without a CUDA graph",
+                loaded.manifest.name,
+                "; ".join(f"stages 0..{last} ({why})" for last, why in sorted(refused.items())),
+            )
 
     @property
     def models(self) -> list[str]:
@@ -225,8 +269,8 @@ class TensorRTBackend:
             plan.bindings(0, batch).binding(manifest.stages[0].input.name).nbytes, self._stream
         )
         for stage in range(last_stage + 1):
-            if not loaded.contexts[stage][batch - 1].execute_async_v3(int(self._stream)):
-                raise RuntimeError(f"{manifest.name}: TensorRT failed to enqueue stage {stage}")
+            if not loaded.contexts[stage][batch - 1].execute_async_v3(self._stream_handle):
+                raise RuntimeError(f"{manifest.name}: TensorRT execute_async_v3 failed on stage {stage}")
         logits = manifest.stages[last_stage].logits
         assert logits is not None  # an exit's stage: the chain's manifests give it logits
         nbytes = plan.bindings(last_stage, batch).binding(logits.name).nbytes
@@ -298,6 +342,7 @@ class TensorRTBackend:
             "precision": self.target.precision,
             "compute_capability": self.target.compute_capability,
             "cuda_graphs": str(self.cuda_graphs).lower(),
+            "tf32": "off" if self.target.precision == "fp32" else "on",  # fp32 builds clear BuilderFlag.TF32
             **jetson_power_state(),
         }
         return Fingerprint(
@@ -316,9 +361,10 @@ class TensorRTBackend:
         self._models.clear()
         check(self.cudart.cudaStreamDestroy(self._stream), "cudaStreamDestroy")
         self._stream = None
+        self._stream_handle = 0
 
 
-def _scratch_bytes(engine: Any) -> int:
+def _scratch_bytes(engine: trt.ICudaEngine) -> int:
     """Activation memory the largest profile of `engine` needs (per-profile query on TensorRT >= 10.1)."""
     if hasattr(engine, "get_device_memory_size_for_profile_v2"):
         return max(
@@ -327,7 +373,9 @@ def _scratch_bytes(engine: Any) -> int:
     return int(engine.device_memory_size)
 
 
-def _check_engine_io(trt: Any, engine: Any, plan: BufferPlan, stage: int, path: Any, fix: str) -> None:
+def _check_engine_io(
+    trt: Any, engine: trt.ICudaEngine, plan: BufferPlan, stage: int, path: Any, fix: str
+) -> None:
     """The engine must take and give the tensors the manifest (and so the buffer plan) names."""
     names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
     wanted = plan.bindings(stage, 1).bindings
@@ -340,3 +388,33 @@ def _check_engine_io(trt: Any, engine: Any, plan: BufferPlan, stage: int, path: 
         is_input = engine.get_tensor_mode(b.tensor) == trt.TensorIOMode.INPUT
         if is_input != b.is_input:
             raise RepositoryError(f"{path}: tensor {b.tensor!r} has the wrong direction; {fix}")
+        dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(b.tensor))).name
+        if dtype != b.dtype:
+            raise RepositoryError(
+                f"{path}: engine tensor {b.tensor!r} is {dtype}, its buffer is {b.dtype}; {fix}"
+            )
+    if engine.num_optimization_profiles < plan.max_batch:
+        raise RepositoryError(
+            f"{path}: engine has {engine.num_optimization_profiles} optimization profiles, batches "
+            f"1..{plan.max_batch} need one each; {fix}"
+        )
+    for batch in range(1, plan.max_batch + 1):
+        bindings = plan.bindings(stage, batch)
+        for b in bindings.bindings:
+            if not b.is_input:
+                shape = tuple(engine.get_tensor_shape(b.tensor))
+                fits = len(shape) == len(b.shape) and all(
+                    d in (-1, w) for d, w in zip(shape, b.shape, strict=True)
+                )
+                if not fits:
+                    raise RepositoryError(
+                        f"{path}: engine output {b.tensor!r} is shaped {list(shape)}, its buffer at "
+                        f"batch {batch} is {list(b.shape)}; {fix}"
+                    )
+                continue
+            shapes = [tuple(s) for s in engine.get_tensor_profile_shape(b.tensor, bindings.profile)]
+            if any(s != b.shape for s in shapes):  # min = opt = max = this batch's shape
+                raise RepositoryError(
+                    f"{path}: profile {bindings.profile} of engine input {b.tensor!r} is (min, opt, max) "
+                    f"{[list(s) for s in shapes]}, batch {batch} needs {list(b.shape)}; {fix}"
+                )

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeserve.errors import BackendUnavailableError, RepositoryError
 from edgeserve.manifest import Manifest
 from edgeserve.runtime.backends.buffer_plan import profile_shapes
-from edgeserve.runtime.backends.cuda_runtime import device_info, import_cudart
+from edgeserve.runtime.backends.cuda_runtime import check, device_info, import_cudart
 from edgeserve.runtime.backends.engine_cache import (
     BuildTarget,
     EngineRecord,
@@ -29,6 +29,9 @@ from edgeserve.runtime.backends.engine_cache import (
     new_record,
     precision_plan,
 )
+
+if TYPE_CHECKING:  # tensorrt-stubs: mypy checks every TensorRT call here against its signatures
+    import tensorrt
 
 TENSORRT_FIX = (
     "on a Jetson TensorRT comes with JetPack (`sudo apt install nvidia-jetpack`, or python3-libnvinfer; "
@@ -52,19 +55,26 @@ def detect_target(precision: str, device_id: int = 0) -> BuildTarget:
     """The target this machine builds for: its GPU, compute capability and TensorRT version."""
     trt = import_tensorrt()
     info = device_info(import_cudart(), device_id)
-    return BuildTarget(info.name, info.compute_capability, str(trt.__version__), precision)
+    return BuildTarget(
+        info.name, info.compute_capability, str(trt.__version__), precision, info.sm_count, info.memory_gib
+    )
 
 
 class EngineBuilder:
     """Builds stage engines for one target; the timing cache is loaded once and saved after each build."""
 
-    def __init__(self, target: BuildTarget, workspace_mib: int, timing_cache: Path | None) -> None:
+    def __init__(
+        self, target: BuildTarget, workspace_mib: int, timing_cache: Path | None, device_id: int = 0
+    ) -> None:
         self.trt = import_tensorrt()
         self.target = target
         self.workspace_bytes = workspace_mib << 20
         self.timing_cache_path = timing_cache
-        self.logger = self.trt.Logger(self.trt.Logger.WARNING)
-        self.builder = self.trt.Builder(self.logger)
+        self.logger: tensorrt.Logger = self.trt.Logger(self.trt.Logger.WARNING)
+        # The builder builds (and times tactics) on the current CUDA device: make it the one asked for,
+        # or --device-id N would build on GPU 0 and file the engine under GPU N's key.
+        check(import_cudart().cudaSetDevice(device_id), "cudaSetDevice")
+        self.builder: tensorrt.Builder = self.trt.Builder(self.logger)
         self._cache_blob = b""
         if timing_cache is not None and timing_cache.exists():
             self._cache_blob = timing_cache.read_bytes()
@@ -90,7 +100,7 @@ class EngineBuilder:
         if plan.strongly_typed:
             flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
         network = self.builder.create_network(flags)
-        parser = trt.OnnxParser(network, self.logger)
+        parser: tensorrt.OnnxParser = trt.OnnxParser(network, self.logger)
         if not parser.parse_from_file(str(onnx_path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             fix = (
@@ -113,20 +123,26 @@ class EngineBuilder:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
         for flag in plan.builder_flags:
             config.set_flag(getattr(trt.BuilderFlag, flag))
+        if self.target.precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
+            config.clear_flag(trt.BuilderFlag.TF32)  # on by default: "fp32" would run TF32 matmuls/convs
         cache = config.create_timing_cache(self._cache_blob)
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+            raise RepositoryError(
+                f"TensorRT set_timing_cache refused the timing cache {self.timing_cache_path} (from another "
+                "TensorRT version or GPU?); delete it or pass another --timing-cache"
+            )
         if profile is None:
             spec = manifest.stages[stage].input
             for batch in sizes:  # profile i serves batch sizes[i] exactly
                 per_batch = self.builder.create_optimization_profile()
                 shape = (batch, *spec.shape)
                 per_batch.set_shape(spec.name, shape, shape, shape)
-                config.add_optimization_profile(per_batch)
+                _add_profile(config, per_batch, onnx_path, f"{spec.name!r} batch {batch}")
         else:  # one profile for every input of the stage (never executed here: no TensorRT)
             one = self.builder.create_optimization_profile()
             for shapes in profile_shapes(manifest, stage, profile):
                 one.set_shape(shapes.name, shapes.min, shapes.opt, shapes.max)
-            config.add_optimization_profile(one)
+            _add_profile(config, one, onnx_path, f"batch (min, opt, max) {profile}")
         serialized = self.builder.build_serialized_network(network, config)
         if serialized is None:
             raise RepositoryError(
@@ -144,3 +160,13 @@ class EngineBuilder:
             self.timing_cache_path.write_bytes(self._cache_blob)
         seconds = time.perf_counter() - started
         return new_record(manifest, stage, self.target, sizes, engine_path, seconds, profile)
+
+
+def _add_profile(
+    config: tensorrt.IBuilderConfig, profile: tensorrt.IOptimizationProfile, onnx_path: Path, what: str
+) -> None:
+    """add_optimization_profile returns the profile's index, or -1 when TensorRT finds it invalid."""
+    if config.add_optimization_profile(profile) < 0:
+        raise RepositoryError(
+            f"{onnx_path}: TensorRT add_optimization_profile refused the profile for {what} (see its log)"
+        )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from edgeserve.runtime.backends.cuda_runtime import DeviceBuffer, check
 from edgeserve.runtime.backends.engine_cache import EngineRecord
 from edgeserve.runtime.backends.onnxruntime import batch_outputs, graph_feeds
 from edgeserve.runtime.validation import ONNXRUNTIME_FIX, Feeds, validate_exit, validate_feeds
+
+if TYPE_CHECKING:  # tensorrt-stubs: mypy checks every TensorRT call here against its signatures
+    import tensorrt as trt
 
 
 def refuse_unservable(manifest: Manifest) -> None:
@@ -61,10 +64,11 @@ class ImportedModel:
 
     manifest: Manifest
     plan: TensorPlan
-    engines: list[Any]
-    contexts: list[Any] = field(default_factory=list)  # one per stage, on profile 0
+    engines: list[trt.ICudaEngine]
+    contexts: list[trt.IExecutionContext] = field(default_factory=list)  # one per stage, on profile 0
     buffers: dict[str, DeviceBuffer] = field(default_factory=dict)
     shaped_for: list[int | None] = field(default_factory=list)  # per stage: graph batch of its input shapes
+    stream_handle: int = 0  # int() of the backend's stream, taken once at load
 
     def release(self) -> None:
         """Contexts, then engines, then the memory they were bound to (the caller synchronized)."""
@@ -75,11 +79,20 @@ class ImportedModel:
         self.buffers.clear()
 
 
-def engine_io(trt: Any, engine: Any) -> dict[str, tuple[bool, str]]:
-    """Every I/O tensor of `engine`: name -> (is input, numpy type name)."""
+def engine_io(trt: Any, engine: trt.ICudaEngine) -> dict[str, tuple[bool, str]]:
+    """Every I/O tensor of `engine`: name -> (is input, numpy type name).
+
+    ValueError for a tensor this path cannot bind: a shape tensor (its values are read on the host
+    to shape the network) or one TensorRT keeps in host memory; both would need host addresses and
+    per-call shape values, which this backend does not give.
+    """
     out = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
+        if engine.is_shape_inference_io(name):
+            raise ValueError(f"tensor {name!r} is a shape tensor (TensorRT reads its values on the host)")
+        if engine.get_tensor_location(name) == trt.TensorLocation.HOST:
+            raise ValueError(f"tensor {name!r} lives in host memory (TensorLocation.HOST)")
         is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
         out[name] = (is_input, np.dtype(trt.nptype(engine.get_tensor_dtype(name))).name)
     return out
@@ -90,7 +103,7 @@ def open_imported(
     cudart: Any,
     stream: Any,
     manifest: Manifest,
-    engines: list[Any],
+    engines: list[trt.ICudaEngine],
     paths: list[Path],
     max_batch: int,
     fix: str,
@@ -98,7 +111,13 @@ def open_imported(
     """Check the deserialized engines against the manifest, allocate buffers, bind one context per stage."""
     dtypes: dict[tuple[int, str], str] = {}
     for stage, engine, path in zip(manifest.stages, engines, paths, strict=True):
-        io = engine_io(trt, engine)
+        try:
+            io = engine_io(trt, engine)
+        except ValueError as exc:
+            raise InputError(
+                f"model {manifest.name!r}: {path}: {exc}; edgeserve's TensorRT backend binds device "
+                f"tensors only; {ONNXRUNTIME_FIX}"
+            ) from exc
         wanted = {t.name: True for t in stage.inputs} | {t.name: False for t in stage.outputs}
         if {n: d for n, (d, _) in io.items()} != wanted:
             raise RepositoryError(
@@ -110,21 +129,25 @@ def open_imported(
         plan = plan_tensors(manifest, max_batch, dtypes)
     except ValueError as exc:
         raise RepositoryError(f"{manifest.name}: {exc}; {fix}") from exc
-    model = ImportedModel(manifest, plan, engines)
+    model = ImportedModel(manifest, plan, engines, stream_handle=int(stream))
     try:
         for buffer in plan.buffers:
             model.buffers[buffer.name] = DeviceBuffer(cudart, buffer.nbytes, buffer.dtype, buffer.host)
         largest = plan.graph_batch(plan.max_batch)
         for wiring, engine, path in zip(plan.stages, engines, paths, strict=True):
             context = engine.create_execution_context()
-            context.set_optimization_profile_async(0, int(stream))
+            if context is None:
+                raise RuntimeError(f"{path}: TensorRT create_execution_context returned None (see its log)")
+            if not context.set_optimization_profile_async(0, model.stream_handle):
+                raise RuntimeError(f"{path}: TensorRT set_optimization_profile_async(0) failed")
             for wire in (*wiring.inputs, *wiring.outputs):
-                context.set_tensor_address(wire.tensor.name, model.buffers[wire.buffer].device)
+                if not context.set_tensor_address(wire.tensor.name, model.buffers[wire.buffer].device):
+                    raise RuntimeError(f"{path}: TensorRT set_tensor_address({wire.tensor.name!r}) failed")
             for wire in wiring.inputs:
                 if not context.set_input_shape(wire.tensor.name, wire.shape(largest)):
                     raise RepositoryError(
-                        f"{path}: the engine's profile does not take {wire.tensor.name!r} shaped "
-                        f"{list(wire.shape(largest))}; {fix}"
+                        f"{path}: TensorRT set_input_shape: profile 0 does not take {wire.tensor.name!r} "
+                        f"shaped {list(wire.shape(largest))}; {fix}"
                     )
             for wire in wiring.outputs:
                 shape = tuple(context.get_tensor_shape(wire.tensor.name))
@@ -174,10 +197,13 @@ def run_imported(
         if model.shaped_for[k] != graph_batch:
             for wire in plan.stages[k].inputs:
                 if not context.set_input_shape(wire.tensor.name, wire.shape(graph_batch)):
-                    raise RuntimeError(f"{manifest.name}: TensorRT refused the shape of {wire.tensor.name!r}")
+                    raise RuntimeError(
+                        f"{manifest.name}: TensorRT set_input_shape({wire.tensor.name!r}, "
+                        f"{list(wire.shape(graph_batch))}) failed on stage {k}, profile 0"
+                    )
             model.shaped_for[k] = graph_batch
-        if not context.execute_async_v3(int(stream)):
-            raise RuntimeError(f"{manifest.name}: TensorRT failed to enqueue stage {k}")
+        if not context.execute_async_v3(model.stream_handle):
+            raise RuntimeError(f"{manifest.name}: TensorRT execute_async_v3 failed on stage {k}")
     wires = plan.stages[last].exit_outputs
     for wire in wires:
         model.buffers[wire.buffer].download(wire.nbytes(graph_batch), stream)
