@@ -1,7 +1,7 @@
-"""What each front adds: the UNIX and TCP socket paths and the Open Inference Protocol over HTTP
-(binary and JSON tensors) against calling the embedding API directly, and against the physical
-limit: the same model's ONNX Runtime sessions alone in a loop at batch 1 (`session`, the final
-exit, no server at all).
+"""What each front adds: the UNIX and TCP socket paths, the Open Inference Protocol over HTTP
+(binary and JSON tensors) and over gRPC (tritonclient.grpc.aio, raw tensors) against calling the
+embedding API directly, and against the physical limit: the same model's ONNX Runtime sessions
+alone in a loop at batch 1 (`session`, the final exit, no server at all).
 
 The socket and HTTP clients run in a second process with its own event loop, as a camera or an
 application would (`--same-process`: on the server's own loop, as before, which charges the
@@ -38,7 +38,9 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import tritonclient.grpc.aio as grpc_aio
 from aiohttp import web
+from tritonclient.utils import InferenceServerException
 
 from edgeserve.loop import new_event_loop, run
 from edgeserve.repository import ModelRepository
@@ -46,7 +48,7 @@ from edgeserve.runtime.backends.onnxruntime import OnnxRuntimeBackend
 from edgeserve.service.process import NetServer
 from edgeserve.wire.client import AsyncClient
 from edgeserve.wire.oip_client import OipClient
-from edgeserve.wire.oip_codec import InferRequest, Tensor, encode_request
+from edgeserve.wire.oip_codec import InferRequest, Tensor, datatype_of, encode_request
 
 Call = Callable[[np.ndarray], Awaitable[str]]
 
@@ -80,7 +82,12 @@ async def throughput(call: Call, xs: np.ndarray, concurrency: int, seconds: floa
 
 
 def client_calls(
-    unix: AsyncClient, tcp: AsyncClient, oip: OipClient, stack: OipClient, model: str
+    unix: AsyncClient,
+    tcp: AsyncClient,
+    oip: OipClient,
+    stack: OipClient,
+    grpc: grpc_aio.InferenceServerClient,
+    model: str,
 ) -> dict[str, Call]:
     """The served paths as the project's own clients call them."""
 
@@ -97,6 +104,18 @@ def client_calls(
 
         return call
 
+    def over_grpc(client: grpc_aio.InferenceServerClient) -> Call:
+        async def call(x: np.ndarray) -> str:
+            tensor = grpc_aio.InferInput("x", [1, *x.shape], datatype_of(x))
+            tensor.set_data_from_numpy(x[None])
+            try:
+                await client.infer(model, [tensor])
+            except InferenceServerException as exc:
+                return str(exc.status())
+            return "ok"
+
+        return call
+
     return {
         "unix": over(unix),
         "tcp": over(tcp),
@@ -104,6 +123,7 @@ def client_calls(
         "http-json": over_http(oip, False),
         "http-stack-bin": over_http(stack, True),
         "http-stack-json": over_http(stack, False),
+        "grpc": over_grpc(grpc),
     }
 
 
@@ -151,7 +171,8 @@ async def _client(pipe: Connection, urls: list[str], model: str, xs: np.ndarray,
     unix, tcp = await AsyncClient.connect(urls[0]), await AsyncClient.connect(urls[1])
     oip = OipClient(urls[2], max_connections=concurrency)
     stack = OipClient(urls[3], max_connections=concurrency)
-    calls = client_calls(unix, tcp, oip, stack, model)
+    grpc = grpc_aio.InferenceServerClient(urls[4])
+    calls = client_calls(unix, tcp, oip, stack, grpc, model)
     pipe.send("ready")
     while (command := pipe.recv()) is not None:  # blocking: nothing else runs here meanwhile
         kind, name, amount = command
@@ -163,6 +184,7 @@ async def _client(pipe: Connection, urls: list[str], model: str, xs: np.ndarray,
     await tcp.close()
     await oip.close()
     await stack.close()
+    await grpc.close()
 
 
 def client_main(pipe: Connection, urls: list[str], model: str, xs: np.ndarray, concurrency: int) -> None:
@@ -185,6 +207,7 @@ async def main(args: argparse.Namespace) -> None:
             "unix": str(sock_dir / "s.sock"),
             "tcp": "127.0.0.1:0",
             "http": "127.0.0.1:0",
+            "grpc": "127.0.0.1:0",
             "max_in_flight": 4096,
         },
     }
@@ -208,12 +231,13 @@ async def main(args: argparse.Namespace) -> None:
 
         local: dict[str, Call] = {"session": session, "direct": direct}
         ceiling = await stack_ceiling(net.urls[2], args.model, xs[0])
-        urls = [*net.urls[:3], runner_url(ceiling)]
+        urls = [*net.urls[:3], runner_url(ceiling), net.urls[3].removeprefix("grpc://")]
         if args.same_process:
             unix, tcp = await AsyncClient.connect(urls[0]), await AsyncClient.connect(urls[1])
             oip = OipClient(urls[2], max_connections=args.concurrency)
             stack = OipClient(urls[3], max_connections=args.concurrency)
-            local |= client_calls(unix, tcp, oip, stack, args.model)
+            grpc = grpc_aio.InferenceServerClient(urls[4])
+            local |= client_calls(unix, tcp, oip, stack, grpc, args.model)
             remote = None
         else:
             pipe, child_end = mp.get_context("spawn").Pipe()
@@ -238,7 +262,7 @@ async def main(args: argparse.Namespace) -> None:
                 pipe.send((kind, name, amount))  # the server's loop runs while the client measures
                 return await answer()
 
-        names = [*local, "unix", "tcp", "http-bin", "http-json", "http-stack-bin", "http-stack-json"]
+        names = [*local, "unix", "tcp", "http-bin", "http-json", "http-stack-bin", "http-stack-json", "grpc"]
 
         async def measure_latencies(name: str, n: int) -> list[float]:
             if name in local:
@@ -269,6 +293,7 @@ async def main(args: argparse.Namespace) -> None:
             await tcp.close()
             await oip.close()
             await stack.close()
+            await grpc.close()
         else:
             pipe.send(None)
             await asyncio.to_thread(child.join, 30)
@@ -297,7 +322,7 @@ async def main(args: argparse.Namespace) -> None:
         )
     alone50 = float(np.percentile(lat["session"], 50))
     throughput_of = {name: float(np.mean(rps[name])) for name in paths}
-    for name in ("unix", "tcp", "http-bin", "http-json"):
+    for name in ("unix", "tcp", "http-bin", "http-json", "grpc"):
         stack = throughput_of[name.replace("http-", "http-stack-")] if name.startswith("http") else 0.0
         of_stack = f", {throughput_of[name] / stack:.2f}x the HTTP stack alone" if stack else ""
         print(

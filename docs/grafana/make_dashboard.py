@@ -95,6 +95,44 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "bytes",
         [('process_resident_memory_bytes{instance=~"$instance"}', "RSS")],
     ),
+    # The accelerators (docs/metrics.md, "Accelerators"): empty where a box has no such source.
+    (
+        "GPU utilisation (NVML: discrete GPU; sysfs: Jetson)",
+        "percentunit",
+        [
+            ('nv_gpu_utilization{instance=~"$instance"}', "{{gpu_uuid}}"),
+            ('edgeserve_jetson_gpu_load{instance=~"$instance"}', "Jetson GPU"),
+        ],
+    ),
+    (
+        "Accelerator power",
+        "watt",
+        [
+            ('nv_gpu_power_usage{instance=~"$instance"}', "{{gpu_uuid}}"),
+            ('nv_gpu_power_limit{instance=~"$instance"}', "limit {{gpu_uuid}}"),
+            ('edgeserve_jetson_rail_power_watts{instance=~"$instance"}', "{{rail}}"),
+        ],
+    ),
+    (
+        "GPU memory used",
+        "bytes",
+        [('nv_gpu_memory_used_bytes{instance=~"$instance"}', "{{gpu_uuid}}")],
+    ),
+    (
+        "Jetson temperatures",
+        "celsius",
+        [('edgeserve_jetson_temperature_celsius{instance=~"$instance"}', "{{zone}}")],
+    ),
+    (
+        "Jetson clocks",
+        "hertz",
+        [('edgeserve_jetson_clock_hertz{instance=~"$instance"}', "{{clock}}")],
+    ),
+    (
+        "Energy (NVML, joules per second)",
+        "watt",
+        [('rate(nv_energy_consumption{instance=~"$instance"}[5m])', "{{gpu_uuid}}")],
+    ),
 ]
 
 

@@ -126,6 +126,7 @@ class ListenConfig:
     unix_group: str | None = None
     tcp: tuple[str, int] | None = None
     http: tuple[str, int] | None = None  # Open Inference Protocol (KServe v2) HTTP frontend
+    grpc: tuple[str, int] | None = None  # the same protocol over gRPC (Triton's GRPCInferenceService)
     token: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     # A connection's window and the total at which each busy connection keeps an even share.
@@ -369,7 +370,8 @@ def _server(data: Mapping[str, Any]) -> ServerConfig:
         logging=_logging(data.get("logging", {})),
         upstreams=parse_upstreams(data.get("upstreams", []), models),
     )
-    ports = {"listen.tcp": config.listen.tcp, "listen.http": config.listen.http}
+    listen = config.listen
+    ports = {"listen.tcp": listen.tcp, "listen.http": listen.http, "listen.grpc": listen.grpc}
     if (clash := port_clash({**ports, "metrics.listen": config.metrics.listen})) is not None:
         raise ConfigError(clash)
     return config
@@ -449,6 +451,7 @@ def _listen(data: Any) -> ListenConfig:
         "unix_group",
         "tcp",
         "http",
+        "grpc",
         "token",
         "max_frame_bytes",
         "max_in_flight",
@@ -477,6 +480,9 @@ def _listen(data: Any) -> ListenConfig:
     http = data.get("http")
     if http is not None:
         http = _host_port(http, "listen.http")
+    grpc = data.get("grpc")
+    if grpc is not None:
+        grpc = _host_port(grpc, "listen.grpc")
     token = data.get("token")
     front_process, share_total = data.get("front_process", False), data.get("share_total", True)
     for key, flag in (("front_process", front_process), ("share_total", share_total)):
@@ -488,6 +494,7 @@ def _listen(data: Any) -> ListenConfig:
         unix_group=None if group is None else string(group, "listen.unix_group"),
         tcp=tcp,
         http=http,
+        grpc=grpc,
         token=None if token is None else string(token, "listen.token"),
         max_frame_bytes=positive_int(
             data.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES), "listen.max_frame_bytes", minimum=64

@@ -485,9 +485,12 @@ def render_metrics(
     process: ProcessSample | None = None,
     thread_waits: Mapping[str, float] | None = None,
     http: HttpCounters | None = None,
+    accelerators: Sequence[Family] = (),
+    accept: str | None = None,
 ) -> str:
-    """The exposition text (format 0.0.4) for one scrape."""
+    """The exposition text for one scrape (format 0.0.4, or OpenMetrics if `accept` asks for it);
+    `accelerators`: the families of edgeserve.metrics.accelerators, read apart."""
     families = collect(
         snapshot, models=models, frontends=frontends, process=process, thread_waits=thread_waits, http=http
     )
-    return render(families)
+    return render([*families, *accelerators], accept)

@@ -14,14 +14,20 @@ edgeserve.oip.connections.HttpGuard) its connections count against the HTTP caps
 the listener "metrics", an unparsable request is a JSON 400 too, and the guard's counters are
 exported (edgeserve_http_*).
 
+The exposition is prometheus_client's, on a registry of the endpoint's own: OpenMetrics when the
+scrape's Accept asks for `application/openmetrics-text`, the text format 0.0.4 otherwise. The
+snapshot and the families are taken on the loop; the accelerators are read (edgeserve.metrics.
+accelerators, cached for a second) and the body is encoded in a worker thread, off the loop.
+
     async with MetricsEndpoint(server, MetricsConfig(("127.0.0.1", 8002))) as endpoint:
         print(endpoint.url)   # http://127.0.0.1:8002/metrics
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -30,8 +36,9 @@ from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import MetricsConfig
 from edgeserve.errors import listen_failure
 from edgeserve.metrics import process
-from edgeserve.metrics.catalog import FrontendCounters, HttpCounters, render_metrics
-from edgeserve.metrics.exposition import CONTENT_TYPE
+from edgeserve.metrics.accelerators import Accelerators
+from edgeserve.metrics.catalog import FrontendCounters, HttpCounters, collect
+from edgeserve.metrics.exposition import Family, encode, registry_of
 
 if TYPE_CHECKING:
     from edgeserve.runtime import Server
@@ -70,7 +77,8 @@ class MetricsEndpoint:
     `frontend_stats`: one frontend's counters (labelled "socket") or {name: counters}; the objects
     are read at every scrape, so pass the live ones. `token`: the bearer token scrapes must present
     (None: anyone who reaches the port may scrape). `guard`: the HTTP listeners' limits to serve
-    under and export (see the module docstring; None: aiohttp's defaults).
+    under and export (see the module docstring; None: aiohttp's defaults). `accelerators`: where
+    the GPU and Jetson metrics are read (None: this machine's NVML and sysfs).
     """
 
     def __init__(
@@ -81,6 +89,7 @@ class MetricsEndpoint:
         *,
         token: str | None = None,
         guard: HttpGuardPort | None = None,
+        accelerators: Accelerators | None = None,
     ) -> None:
         if config.listen is None:
             raise ValueError("MetricsEndpoint needs metrics.listen (host, port); port 0 picks a free one")
@@ -95,15 +104,20 @@ class MetricsEndpoint:
             self.frontends = dict(frontend_stats)
         else:
             self.frontends = {"socket": frontend_stats}
+        self.accelerators = accelerators if accelerators is not None else Accelerators()
+        self._families: list[Family] = []  # what the registry yields: the scrape being encoded
+        # this endpoint's registry, never the global one; encoded in a worker thread (see _scrape)
+        self.registry = registry_of(lambda: self._families, yield_gil=True)
+        self._scraping = asyncio.Lock()  # one scrape encodes at a time (they share `_families`)
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
 
-    def render(self) -> str:
-        """The exposition text now (call on the server's loop)."""
+    def families(self, accelerators: Sequence[Family] = ()) -> list[Family]:
+        """Every family of one snapshot (call on the server's loop), then `accelerators`."""
         snapshot = self.server.snapshot()
         threads = snapshot.get("threads", {}).items()
         waits = {name: s for name, tid in threads if (s := process.thread_cpu_wait_s(tid)) is not None}
-        return render_metrics(
+        families = collect(
             snapshot,
             models=self.server.models,
             frontends=self.frontends,
@@ -111,9 +125,22 @@ class MetricsEndpoint:
             thread_waits=waits,
             http=self.guard,
         )
+        return [*families, *accelerators]
+
+    def render(self, accept: str | None = None) -> str:
+        """The exposition now, with the accelerators last read (call on the server's loop; a
+        registry of its own, so that it never meets a scrape being encoded)."""
+        families = self.families(self.accelerators.cached)
+        return encode(registry_of(lambda: families), accept)[0].decode("utf-8")
 
     async def _scrape(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.render().encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
+        async with self._scraping:
+            accelerators = await self.accelerators.families()  # a worker thread, at most once a second
+            self._families = self.families(accelerators)  # one consistent snapshot, on the loop
+            accept = request.headers.get("Accept")
+            body, content_type = await asyncio.to_thread(encode, self.registry, accept)
+            self._families = []
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:

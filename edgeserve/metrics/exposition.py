@@ -1,81 +1,118 @@
-"""The Prometheus text exposition format 0.0.4, written by hand so serving needs no client library.
+"""The exposition, by prometheus_client: `Family` builds one of its metric families, a `Collector`
+yields them, `encode` renders a registry in the format a scrape's Accept asks for.
 
-A `Family` is one metric: its name, type, HELP text and samples. `render` writes HELP and TYPE
-lines then one line per sample, with label values and HELP text escaped as the format requires
-(backslash, double quote and newline in label values; backslash and newline in HELP).
+Formats: OpenMetrics 1.0 (`application/openmetrics-text`) when the Accept header asks for it, the
+text format 0.0.4 otherwise (prometheus_client.exposition.choose_encoder decides).
+
+Counter names: a counter whose name ends in `_total` is a library counter (the family's name
+without the suffix, its samples with it: the same series in both formats). Triton's counters have
+no suffix (`nv_inference_request_success`); to keep their series names they are exported as
+`unknown` (text format: `untyped`), since both formats would otherwise append `_total`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # text/plain; version=0.0.4; charset=utf-8
 TYPES = ("counter", "gauge", "histogram")
 
 
-def escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """Integers without a decimal point, floats as Python's shortest repr, +Inf/-Inf/NaN spelled out."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-@dataclass
 class Family:
-    """One metric family; `samples` are (name suffix, labels, value)."""
+    """One metric family under its exported name: `add` a sample, `add_histogram` a
+    counters.Histogram snapshot; `metric` is the prometheus_client family."""
 
-    name: str
-    type: str
-    help: str
-    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+    __slots__ = ("_sample", "metric", "name", "type")
 
-    def __post_init__(self) -> None:
-        if self.type not in TYPES:
-            raise ValueError(f"metric {self.name}: type must be one of {TYPES}, got {self.type!r}")
+    def __init__(self, name: str, type: str, help: str) -> None:
+        if type not in TYPES:
+            raise ValueError(f"metric {name}: type must be one of {TYPES}, got {type!r}")
+        self.name = name
+        self.type = type
+        self._sample = name
+        self.metric: Metric
+        if type == "gauge":
+            self.metric = GaugeMetricFamily(name, help)
+        elif type == "histogram":
+            self.metric = HistogramMetricFamily(name, help)
+        elif name.endswith("_total"):
+            self.metric = CounterMetricFamily(name, help)  # named without _total, samples with it
+        else:
+            self.metric = UnknownMetricFamily(name, help)  # Triton's counter names (no _total)
+
+    @property
+    def samples(self) -> list[Sample]:
+        return self.metric.samples
 
     def add(self, value: float, **labels: str) -> Family:
-        self.samples.append(("", labels, value))
+        self.metric.samples.append(Sample(self._sample, labels, value))
         return self
 
     def add_histogram(self, snapshot: Mapping[str, Any], **labels: str) -> Family:
-        """A counters.Histogram snapshot: cumulative `_bucket{le=...}`, then `_sum` and `_count`."""
+        """Cumulative `_bucket{le=...}` (the last +Inf), then `_count` and `_sum`."""
+        samples, bucket = self.metric.samples, self.name + "_bucket"
         for bound, cumulative in snapshot["buckets"]:
-            self.samples.append(("_bucket", {**labels, "le": format_value(float(bound))}, cumulative))
-        self.samples.append(("_sum", labels, float(snapshot["sum"])))
-        self.samples.append(("_count", labels, int(snapshot["count"])))
+            samples.append(Sample(bucket, {**labels, "le": _le(bound)}, cumulative))
+        samples.append(Sample(self.name + "_count", labels, snapshot["count"]))
+        samples.append(Sample(self.name + "_sum", labels, float(snapshot["sum"])))
         return self
 
 
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{key}="{escape_label_value(str(value))}"' for key, value in labels.items())
-    return "{" + inner + "}"
+@functools.lru_cache(maxsize=1024)
+def _le(bound: float) -> str:
+    """A bucket bound as the `le` label (the bounds are few and fixed: written once)."""
+    return floatToGoString(bound)
 
 
-def render(families: Iterable[Family]) -> str:
-    """The exposition text: each family's HELP and TYPE lines, then its samples; ends with a newline."""
-    lines: list[str] = []
-    for family in families:
-        lines.append(f"# HELP {family.name} {escape_help(family.help)}")
-        lines.append(f"# TYPE {family.name} {family.type}")
-        for suffix, labels, value in family.samples:
-            lines.append(f"{family.name}{suffix}{_labels(labels)} {format_value(value)}")
-    return "\n".join(lines) + "\n"
+class FamiliesCollector(Collector):
+    """A prometheus_client collector whose `collect` yields the families `source` builds at that
+    moment (one snapshot per scrape).
+
+    `yield_gil`: when encoded in a worker thread, let the GIL go between families, so that the
+    event loop, if it waits for it, runs after one family's encoding (tens of microseconds) rather
+    than after the interpreter's switch interval (5 ms)."""
+
+    def __init__(self, source: Callable[[], Iterable[Family]], *, yield_gil: bool = False) -> None:
+        self.source = source
+        self.yield_gil = yield_gil
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source():
+            yield family.metric
+            if self.yield_gil:
+                time.sleep(0)  # releases the GIL
+
+
+def registry_of(source: Callable[[], Iterable[Family]], *, yield_gil: bool = False) -> CollectorRegistry:
+    """A registry of its own (never the library's global one) holding one FamiliesCollector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FamiliesCollector(source, yield_gil=yield_gil))
+    return registry
+
+
+def encode(registry: Collector, accept: str | None = None) -> tuple[bytes, str]:
+    """The scrape body and its Content-Type, in the format `accept` (an Accept header) asks for."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
+
+
+def render(families: Iterable[Family], accept: str | None = None) -> str:
+    """The exposition of `families` as text (format 0.0.4 unless `accept` asks for OpenMetrics)."""
+    kept = list(families)
+    body, _ = encode(registry_of(lambda: kept), accept)
+    return body.decode("utf-8")

@@ -84,10 +84,10 @@ def _check_socket_dir(path: Path) -> None:
 
 def require_listener(listen: ListenConfig) -> None:
     """ListenError unless the config names at least one listener."""
-    if listen.unix is None and listen.tcp is None and listen.http is None:
+    if listen.unix is None and listen.tcp is None and listen.http is None and listen.grpc is None:
         raise ListenError(
-            'no listener configured; add [listen] with unix = "/run/edgeserve.sock", tcp = ":7070" '
-            'or http = ":8000"'
+            'no listener configured; add [listen] with unix = "/run/edgeserve.sock", tcp = ":7070", '
+            'http = ":8000" or grpc = ":8001"'
         )
 
 

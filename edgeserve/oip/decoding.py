@@ -15,48 +15,52 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from edgeserve.manifest import TensorSpec
 from edgeserve.oip.errors import OipRequestError
 from edgeserve.runtime import Sample
-from edgeserve.wire.oip_codec import (
-    InferRequest,
-    OipMessageError,
-    RequestHeader,
-    clip,
-    materialise,
-    read_request,
+from edgeserve.wire.oip_codec import InferRequest, OipMessageError, materialise, read_request
+from edgeserve.wire.oip_model import (  # (shared with the gRPC front; named here for this front's users)
+    DATATYPE,
+    ENVELOPE_ITEMS,
+    PER_INPUT_ITEMS,
+    ModelInputs,
+    check,
+    expected,
+    max_items,
+    model_inputs,
+    samples,
 )
 
 T = TypeVar("T")
 
-# manifest dtype -> KServe v2 datatype
-DATATYPE = {
-    "bool": "BOOL",
-    "uint8": "UINT8",
-    "uint16": "UINT16",
-    "int8": "INT8",
-    "int16": "INT16",
-    "int32": "INT32",
-    "int64": "INT64",
-    "float16": "FP16",
-    "float32": "FP32",
-    "float64": "FP64",
-}
+__all__ = [  # this module's, and the request checks it applies (wire/oip_model.py)
+    "DATATYPE",
+    "ENVELOPE_ITEMS",
+    "ITEM_BYTES",
+    "LARGE_BODY_BYTES",
+    "PER_INPUT_ITEMS",
+    "READ_COPIES",
+    "DecodeBudget",
+    "Decoder",
+    "ModelInputs",
+    "charge",
+    "check",
+    "decode",
+    "decompress",
+    "expected",
+    "json_size",
+    "max_items",
+    "model_inputs",
+    "samples",
+]
+
 # A body from this size on is charged to the decode budget and decoded on the worker thread; below
 # it decoding inline costs less than the hop (a 64 KiB JSON body of 6.5k floats: ~0.65 ms; a
 # one-sample request ~15 us, measured).
 LARGE_BODY_BYTES = 64 * 1024
-# The `[`, `{` and `,` a request holds beyond its tensors' data: the envelope (inputs, outputs,
-# parameters, an id with commas in it) and per input its shape and parameters. Generous: what they
-# let in costs at most ITEM_BYTES each once parsed (~100 KiB).
-ENVELOPE_ITEMS = 1024
-PER_INPUT_ITEMS = 64
 # What a large body may hold at its peak while read and decoded (`charge`), measured with
 # tracemalloc: READ_COPIES bytes per body byte (aiohttp's joined bytearray and the bytes made of it,
 # then the decoded arrays or the JSON part's copy for the long-number check, oip_codec._loads), and
@@ -64,47 +68,6 @@ PER_INPUT_ITEMS = 64
 # at most; an empty list or object ~50 per `[`/`{` or `,`).
 READ_COPIES = 3
 ITEM_BYTES = 88
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """What an infer request for one model may carry: its inputs, its output names, the most
-    samples per request (`limit`) and the most JSON items (`max_items`, see `max_items`)."""
-
-    model: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: frozenset[str]
-    limit: int
-    max_items: int
-
-
-def expected(spec: TensorSpec) -> str:
-    """An input's shape and datatype as an error message names them: `[N, 1, 8, 8] FP32`."""
-    dims = ", ".join(str(d) for d in spec.shape)
-    shape = f"[N, {dims}]" if spec.batched and dims else ("[N]" if spec.batched else f"[{dims}]")
-    return f"{shape} {DATATYPE[spec.dtype]}"
-
-
-def max_items(inputs: tuple[TensorSpec, ...], limit: int) -> int:
-    """The most `[`, `{` and `,` a JSON request for `inputs` holds at `limit` samples: each input's
-    elements and the lists its `data` needs nested row-major, plus the envelope."""
-    total = ENVELOPE_ITEMS
-    for spec in inputs:
-        shape = [limit, *spec.shape] if spec.batched else list(spec.shape)
-        lists, rows = 1, 1
-        for d in shape[:-1]:
-            rows *= max(d, 0)
-            lists += rows
-        total += math.prod(max(d, 0) for d in shape) + lists + PER_INPUT_ITEMS
-    return total
-
-
-def model_inputs(
-    model: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], limit: int
-) -> ModelInputs:
-    """The table `check` reads for `model`; `limit` is 1 when an input has no batch dimension."""
-    limit = limit if all(t.batched for t in inputs) else 1
-    return ModelInputs(model, inputs, frozenset(t.name for t in outputs), limit, max_items(inputs, limit))
 
 
 def charge(size: int, json_size: int, most_items: int) -> int:
@@ -168,69 +131,6 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             raise OipRequestError(400, f"{encoding} request body is truncated")
         return data
     raise OipRequestError(400, f"request body is not valid {encoding} data")
-
-
-def _check_names(header: RequestHeader, table: ModelInputs) -> None:
-    inputs, model = table.inputs, table.model
-    names = [t.name for t in header.inputs]
-    if len(set(names)) == len(names) and sorted(names) == sorted(t.name for t in inputs):
-        return
-    wanted = "; ".join(f"{t.name!r}: {expected(t)}" for t in inputs)
-    got = ", ".join(clip(n) for n in names[:8]) or "none"
-    if len(inputs) == 1 and len(names) == 1:
-        raise OipRequestError(
-            400, f"model {model!r} has one input named {inputs[0].name!r}, got {got} ({wanted})"
-        )
-    raise OipRequestError(
-        400, f"model {model!r} takes the inputs {wanted} (1 <= N <= {table.limit}), got {got}"
-    )
-
-
-def check(header: RequestHeader, table: ModelInputs) -> int:
-    """N, the samples the request carries, once its inputs match the model's by name, datatype and
-    shape (1 <= N <= limit, one N for all) and it asks only for the model's outputs; else 400
-    naming what was expected. Reads the header only: a tensor of the wrong size is never decoded."""
-    _check_names(header, table)
-    given = {t.name: t for t in header.inputs}
-    limit, rows = table.limit, set()
-    for spec in table.inputs:
-        entry = given[spec.name]
-        datatype = DATATYPE[spec.dtype]
-        if entry.datatype != datatype:
-            raise OipRequestError(
-                400, f"input {spec.name!r}: datatype must be {datatype}, got {entry.datatype}"
-            )
-        shape, want = entry.shape, list(spec.shape)
-        if spec.batched:
-            ok = len(shape) == 1 + len(want) and shape[1:] == want and 1 <= shape[0] <= limit
-            rows.add(shape[0] if ok else -1)
-        else:
-            ok = shape == want
-        if not ok:
-            raise OipRequestError(
-                400,
-                f"input {spec.name!r}: shape must be {expected(spec)} with 1 <= N <= {limit}, "
-                f"got {clip(shape)}",
-            )
-    if len(rows) > 1:
-        raise OipRequestError(400, f"model {table.model!r}: the inputs have different N {sorted(rows)}")
-    for output in header.outputs:
-        if output.name not in table.outputs:
-            raise OipRequestError(
-                400, f"model {table.model!r} has the outputs {sorted(table.outputs)}, not {clip(output.name)}"
-            )
-    return rows.pop() if rows else 1
-
-
-def samples(infer: InferRequest, inputs: tuple[TensorSpec, ...], count: int) -> list[Sample]:
-    """One sample per row of the inputs (a batched input's first dimension is N)."""
-    given = {t.name: t for t in infer.inputs}
-    if len(inputs) == 1 and inputs[0].batched:
-        return list(given[inputs[0].name].data)
-    return [
-        {t.name: given[t.name].data[i] if t.batched else given[t.name].data for t in inputs}
-        for i in range(count)
-    ]
 
 
 def decode(

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -40,17 +38,25 @@ from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
 from edgeserve.manifest import TensorSpec
 from edgeserve.oip.connections import HttpGuard
-from edgeserve.oip.decoding import DATATYPE, Decoder, ModelInputs, charge, decode, json_size, model_inputs
+from edgeserve.oip.decoding import Decoder, ModelInputs, charge, decode, json_size, model_inputs
 from edgeserve.oip.errors import OipRequestError, error_response
 from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
 from edgeserve.wire.oip_codec import (
     HEADER_LENGTH,
     InferRequest,
     InferResponse,
+    OipMessageError,
     Tensor,
     binary_outputs,
     clip,
     encode_response,
+)
+from edgeserve.wire.oip_model import (
+    answer_parameters,
+    deadline_keywords,
+    metadata_entry,
+    model_config,
+    output_rows,
 )
 
 _log = logging.getLogger(__name__)
@@ -108,28 +114,11 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 def _deadline(parameters: dict[str, Any]) -> dict[str, float]:
-    """Server.infer's deadline keywords from the request's parameters: `deadline_ms` (edgeserve), else
-    Triton's `timeout` in microseconds, or `capture_ts`; the core turns them into one deadline."""
-    found: dict[str, float] = {}
-    for key, name, scale in (
-        ("deadline_ms", "deadline_ms", 1.0),
-        ("timeout", "deadline_ms", 1e-3),
-        ("capture_ts", "capture_ts", 1.0),
-    ):
-        value = parameters.get(key)
-        if value is None or name in found:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            raise OipRequestError(400, f"parameters.{key}: must be a positive number, got {clip(value)}")
-        found[name] = float(value) * scale
-    if len(found) > 1:
-        raise OipRequestError(400, "parameters: give deadline_ms (or timeout) or capture_ts, not both")
-    return found
-
-
-def _joined(values: Sequence[Any]) -> Any:
-    """One value if every sample agrees, else the per-sample values comma-joined."""
-    return values[0] if len(set(values)) == 1 else ",".join(str(v) for v in values)
+    """Server.infer's deadline keywords from the request's parameters (wire/oip_model.py); 400 if bad."""
+    try:
+        return deadline_keywords(parameters)
+    except OipMessageError as exc:
+        raise OipRequestError(400, str(exc)) from None
 
 
 class OipFrontend:
@@ -290,36 +279,28 @@ class OipFrontend:
                 "name": model,
                 "versions": [VERSION],
                 "platform": self._platform(),
-                "inputs": [_metadata(t) for t in inputs],
-                "outputs": [_metadata(t) for t in outputs],
+                "inputs": [metadata_entry(t) for t in inputs],
+                "outputs": [metadata_entry(t) for t in outputs],
             }
         )
 
     async def _model_config(self, request: web.Request) -> web.Response:
         """Triton's model configuration (ModelConfig protobuf as JSON), what perf_analyzer reads."""
         model = self._model(request)
-        manifest = self.server.manifest(model)
-        index = self.server.models.index(model)
-        max_batch = self.server.latency_model.models[index].max_batch
-        config = self.server.config.models[model]
-        inputs, outputs = self._tensors(model)
-        exits = ",".join(e.name for e in manifest.exits)
-        parameters = {"exits": exits, "slo_ms": f"{config.slo_ms:g}"}
-        if any(e.accuracy is not None for e in manifest.exits):
-            parameters["exit_accuracies"] = ",".join(
-                "" if e.accuracy is None else f"{e.accuracy:.4f}" for e in manifest.exits
-            )
-        return web.json_response(
-            {
-                "name": model,
-                "platform": self._platform(),
-                "backend": self.server.config.backend.name,
-                "version_policy": {"latest": {"num_versions": 1}},
-                "max_batch_size": max_batch,
-                "input": [{**_config_entry(t), "format": "FORMAT_NONE"} for t in inputs],
-                "output": [_config_entry(t) for t in outputs],
-                "parameters": {key: {"string_value": value} for key, value in parameters.items()},
-            }
+        return web.json_response(self.model_config(model))
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        """The configuration /config answers for a served model (wire/oip_model.py)."""
+        manifest, config = self.server.manifest(model), self.server.config
+        max_batch = self.server.latency_model.models[self.server.models.index(model)].max_batch
+        return model_config(
+            model,
+            self._platform(),
+            config.backend.name,
+            max_batch,
+            config.models[model].slo_ms,
+            manifest.exits,
+            *self._tensors(model),
         )
 
     # -- infer -------------------------------------------------------------------------------------
@@ -444,20 +425,11 @@ class OipFrontend:
         _, specs = self._tensors(model)
         wanted = {o.name for o in infer.outputs} if infer.outputs else None
         tensors = [
-            Tensor(t.name, _rows(t, [r.outputs[t.name] if r.outputs else r.output for r in results]))
+            Tensor(t.name, output_rows(t, [r.outputs[t.name] if r.outputs else r.output for r in results]))
             for t in specs
             if wanted is None or t.name in wanted
         ]
-        parameters: dict[str, Any] = {
-            "edgeserve_exit": _joined([r.exit_name for r in results]),
-            "edgeserve_exit_index": _joined([r.exit_index for r in results]),
-            "edgeserve_served_by": _joined([r.served_by for r in results]),
-            "edgeserve_late": any(r.late for r in results),
-            "edgeserve_deadline_ms": round((results[0].deadline - results[0].queued) * 1000.0, 3),
-        }
-        accuracies = [r.expected_accuracy for r in results]
-        if all(a is not None for a in accuracies):
-            parameters["edgeserve_expected_accuracy"] = round(sum(accuracies) / len(accuracies), 6)
+        parameters = answer_parameters(results)
         response = InferResponse(model, tensors, VERSION, infer.id, parameters)
         parameters["edgeserve_server_ms"] = round((time.monotonic() - received) * 1000.0, 3)
         body, headers = encode_response(response, binary_outputs(infer, [t.name for t in tensors]))
@@ -465,23 +437,3 @@ class OipFrontend:
         if len(body) >= COMPRESS_MIN_BYTES:
             answer.enable_compression()  # only when the client sent Accept-Encoding
         return answer
-
-
-def _metadata(spec: TensorSpec) -> dict[str, Any]:
-    """A tensor as model metadata lists it: -1 for the batch and for sizes that vary."""
-    shape = [-1, *spec.shape] if spec.batched else list(spec.shape)
-    return {"name": spec.name, "datatype": DATATYPE[spec.dtype], "shape": shape}
-
-
-def _config_entry(spec: TensorSpec) -> dict[str, Any]:
-    """A tensor as Triton's model configuration lists it (dims without the batch)."""
-    entry: dict[str, Any] = {"name": spec.name, "data_type": f"TYPE_{DATATYPE[spec.dtype]}"}
-    return {**entry, "dims": list(spec.shape)}
-
-
-def _rows(spec: TensorSpec, values: list[Any]) -> np.ndarray:
-    """Per-sample outputs as one tensor: stacked on N when batched, the one sample's otherwise."""
-    if len(values) == 1:
-        array = np.asarray(values[0])
-        return array[np.newaxis] if spec.batched else array
-    return np.stack([np.asarray(v) for v in values])

@@ -27,6 +27,7 @@ from edgeserve.net.listeners import Listeners, open_listeners, require_listener
 from edgeserve.net.settings import FrontSettings
 from edgeserve.oip.connections import HttpGuard
 from edgeserve.oip.frontend import OipFrontend
+from edgeserve.oipgrpc.front import OipGrpcFront
 from edgeserve.runtime import BackendFactory, RuntimeSettings, Server, load_config
 
 # How long a stopping server waits for its connections to write the answers left in their buffers
@@ -59,9 +60,11 @@ class NetServer:
         self.http_guard = HttpGuard(listen)
         # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
         self.oip = None if listen.http is None else OipFrontend(self.server, listen, self.http_guard)
+        # The same protocol over gRPC, when [listen] grpc is set (docs/oip.md, "gRPC").
+        self.grpc = None if listen.grpc is None else OipGrpcFront(self.server, listen)
         # The socket front: in a process of its own ([listen] front_process), else on this loop,
-        # where it also sees the HTTP front's clients when it holds a flood for the polite ones.
-        peers = [] if self.oip is None else [self.oip.stats]
+        # where it also sees the HTTP and gRPC fronts' clients when it holds a flood for the polite ones.
+        peers = [front.stats for front in (self.oip, self.grpc) if front is not None]
         self.frontend: Frontend | FrontProcess = (
             FrontProcess(self.server)
             if listen.front_process
@@ -73,7 +76,8 @@ class NetServer:
 
     @property
     def urls(self) -> list[str]:
-        return self._socket_urls + ([self.oip.url] if self.oip is not None and self.oip.url else [])
+        urls = self._socket_urls + ([self.oip.url] if self.oip is not None and self.oip.url else [])
+        return urls + ([f"grpc://{self.grpc.address}"] if self.grpc is not None and self.grpc.address else [])
 
     @property
     def metrics_url(self) -> str | None:
@@ -90,6 +94,8 @@ class NetServer:
                 stats = {"socket": self.frontend.stats}
                 if self.oip is not None:
                     stats["http"] = self.oip.stats
+                if self.grpc is not None:
+                    stats["grpc"] = self.grpc.stats
                 endpoint = MetricsEndpoint(
                     self.server,
                     self.config.metrics,
@@ -110,6 +116,8 @@ class NetServer:
                 warn_if_exposed(_log, "listen.tcp (socket protocol)", host, port, self.config.listen.token)
             if self.oip is not None:
                 await self.oip.start()
+            if self.grpc is not None:
+                await self.grpc.start()
         except BaseException:
             if isinstance(self.frontend, FrontProcess):
                 await self.frontend.abort()
@@ -117,6 +125,10 @@ class NetServer:
                 await self.listeners.close()
             if self.metrics is not None:
                 await self.metrics.close()
+            if self.oip is not None:
+                await self.oip.close()
+            if self.grpc is not None:
+                await self.grpc.close()
             await self.server.close(0)
             raise
         return self
@@ -144,6 +156,8 @@ class NetServer:
         self.frontend.stop_reading()  # under load too: what was read is answered, nothing new is read
         if self.oip is not None:
             await self.oip.stop_accepting()
+        if self.grpc is not None:
+            await self.grpc.stop_accepting()
         await self.server.close()
         await self.frontend.drain(timeout=2.0)  # every accepted request is answered before connections close
         self.frontend.close_all()
@@ -154,6 +168,8 @@ class NetServer:
             await self.listeners.wait_closed()
         if self.oip is not None:  # after Server.close: every in-flight HTTP request has its answer
             await self.oip.close()
+        if self.grpc is not None:  # likewise; an idle open stream is cancelled after its grace
+            await self.grpc.close()
         if self.metrics is not None:  # last, so a scrape during shutdown still answers
             await self.metrics.close()
 

@@ -154,7 +154,7 @@ def datatype_of(array: np.ndarray) -> str:
 # -- encoding -----------------------------------------------------------------------------------------
 
 
-def _tensor_bytes(array: np.ndarray) -> bytes:
+def tensor_bytes(array: np.ndarray) -> bytes:
     if datatype_of(array) == "BYTES":
         chunks = []
         for item in array.reshape(-1):
@@ -168,7 +168,7 @@ def _tensor_json(tensor: Tensor, binary: bool, blobs: list[bytes]) -> dict[str, 
     entry: dict[str, Any] = {"name": tensor.name, "shape": tensor.shape, "datatype": tensor.datatype}
     parameters = dict(tensor.parameters)
     if binary:
-        raw = _tensor_bytes(tensor.data)
+        raw = tensor_bytes(tensor.data)
         blobs.append(raw)
         parameters["binary_data_size"] = len(raw)
     elif tensor.datatype == "BYTES":

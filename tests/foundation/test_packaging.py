@@ -31,7 +31,8 @@ SERVING_MODULES = [
     "edgeserve.service.doctor",
     "edgeserve.service.install",
 ]
-TEST_ONLY = ("torch", "onnxscript", "tritonclient", "mlserver", "prometheus_client", "gevent", "lightgbm")
+# prometheus_client is a serving dependency since the metrics endpoint's exposition is its own (issue 64).
+TEST_ONLY = ("torch", "onnxscript", "tritonclient", "mlserver", "gevent", "lightgbm")
 
 
 def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:

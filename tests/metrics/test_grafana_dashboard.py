@@ -6,10 +6,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 
+import pytest
+from metrics_support import ORIN_SYSFS, fake_pynvml
 from repo_paths import REPO
 
 from edgeserve.metrics import process
+from edgeserve.metrics.accelerators import Accelerators
 from edgeserve.metrics.catalog import render_metrics
 from edgeserve.runtime.counters import Counters, FrontendStats
 
@@ -24,15 +28,21 @@ def _generator():  # type: ignore[no-untyped-def]
     return module
 
 
-def _exported_series() -> set[str]:
-    """Every series name a scrape can carry (upstream and process metrics included): the families'
-    names, and a histogram's _bucket, _sum and _count."""
+def _exported_series(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Every series name a scrape can carry (upstream, process and accelerator metrics included:
+    a recorded Jetson tree and a fake NVML): the families' names, and a histogram's _bucket, _sum
+    and _count."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([]))
     snapshot = Counters().snapshot()
     snapshot["upstreams"] = {
         "u": {"rtt_ms": 1.0, "bandwidth_mbps": 1.0, "state": "closed", "sent": 0, "failed": 0, "fallbacks": 0}
     }
     text = render_metrics(
-        snapshot, models=["m"], frontends={"socket": FrontendStats()}, process=process.sample()
+        snapshot,
+        models=["m"],
+        frontends={"socket": FrontendStats()},
+        process=process.sample(),
+        accelerators=Accelerators(ORIN_SYSFS).read(),
     )
     names: set[str] = set()
     for _, name, kind in re.findall(r"^# TYPE ((\S+) (\S+))$", text, flags=re.MULTILINE):
@@ -42,8 +52,8 @@ def _exported_series() -> set[str]:
     return names
 
 
-def test_every_dashboard_query_names_exported_series() -> None:
-    exported = _exported_series()
+def test_every_dashboard_query_names_exported_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    exported = _exported_series(monkeypatch)
     dashboard = json.loads((GRAFANA / "edgeserve-dashboard.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     assert len(exprs) >= 10

@@ -278,3 +278,50 @@ def test_the_http_limit_families_render_from_the_guards_counters() -> None:
     assert value(samples, "edgeserve_http_bad_requests_total", listener="metrics") == 1
     assert value(samples, "edgeserve_http_decode_bytes") == 1024
     assert value(samples, "edgeserve_http_decode_refused_total") == 2
+
+
+def test_a_front_process_counters_are_scraped_in_both_formats(served, tmp_path: Path) -> None:
+    """`[listen] front_process = true`: the front's counters come over the link (FrontendStats
+    updated in place every 0.25 s) and each scrape, text or OpenMetrics, reads them as they are."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
+
+    root, models = served
+    config = _config(root, tmp_path)
+    config["listen"] = {**config["listen"], "front_process": True}
+    with server_thread(config) as srv:
+        metrics_url = srv.net.metrics_url
+        assert metrics_url is not None
+
+        async def main() -> tuple[list[Reply], str, str, str]:
+            xs = models["tiny_a"].random_input(12, seed=3)
+            async with await AsyncClient.connect(srv.unix_url) as client:
+                replies = list(await asyncio.gather(*(client.send("tiny_a", x) for x in xs)))
+            async with aiohttp.ClientSession() as http:
+                for _ in range(100):  # the front reports its counters every 0.25 s
+                    async with http.get(metrics_url) as response:
+                        text = await response.text()
+                    if value(parse_samples(text), "edgeserve_frontend_requests", frontend="socket") == 12:
+                        break
+                    await asyncio.sleep(0.1)
+                accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+                async with http.get(metrics_url, headers=accept) as response:
+                    content_type, om_text = response.headers["Content-Type"], await response.text()
+            return replies, text, content_type, om_text
+
+        replies, text, content_type, om_text = run(main())
+    assert [r.status for r in replies] == ["ok"] * 12
+    assert content_type.startswith("application/openmetrics-text")
+    om = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in openmetrics(om_text)
+        for s in family.samples
+    }
+    for samples, name in (
+        (parse_samples(text), "edgeserve_frontend_requests"),
+        (om, "edgeserve_frontend_requests_total"),
+    ):
+        assert samples[(name, frozenset({("frontend", "socket")}))] == 12
+    assert (
+        om[("edgeserve_frontend_answers_total", frozenset({("frontend", "socket"), ("status", "ok")}))] == 12
+    )
+    assert value(parse_samples(text), "edgeserve_frontend_process_cpu_seconds", frontend="socket") > 0

@@ -6,12 +6,14 @@ import hashlib
 import math
 import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from metrics_support import parse_samples, value
+from metrics_support import ORIN_SYSFS, fake_pynvml, parse_samples, value
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 from repo_paths import REPO
 from runtime_support import config_dict, profiled_tiny_repository
@@ -20,6 +22,7 @@ from edgeserve.config.server import ListenConfig
 from edgeserve.loop import run
 from edgeserve.metrics import Family, render, render_metrics
 from edgeserve.metrics import process as process_metrics
+from edgeserve.metrics.accelerators import Accelerators
 from edgeserve.oip.connections import HttpGuard
 from edgeserve.runtime.counters import BusyWindow, Counters, FrontendStats, Histogram
 from edgeserve.runtime.server import Server
@@ -126,7 +129,12 @@ def _documented_names() -> set[str]:
     return {name for name, _ in rows}
 
 
-def test_every_documented_metric_is_exported_and_every_exported_one_is_documented(tmp_path: Path) -> None:
+def test_every_documented_metric_is_exported_and_every_exported_one_is_documented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Everything a scrape can carry: the accelerator families, absent by default, come from a
+    recorded Jetson tree and a fake NVML; the same scrape parses in both formats."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([]))
     root = tmp_path / "engines"
     models = profiled_tiny_repository(root)
 
@@ -146,14 +154,19 @@ def test_every_documented_metric_is_exported_and_every_exported_one_is_documente
     guard = HttpGuard(ListenConfig())  # the HTTP listeners' counters, as NetServer's
     guard.add_listener("http")
 
-    text = render_metrics(
-        snapshot,
-        models=["tiny_a", "tiny_b"],
-        frontends={"socket": stats},
-        process=process_metrics.sample(),
-        thread_waits={"executor": 0.25, "loop": 0.5},
-        http=guard,
-    )
+    everything = {
+        "models": ["tiny_a", "tiny_b"],
+        "frontends": {"socket": stats},
+        "process": process_metrics.sample(),
+        "thread_waits": {"executor": 0.25, "loop": 0.5},
+        "http": guard,
+        "accelerators": Accelerators(ORIN_SYSFS).read(),
+    }
+    text = render_metrics(snapshot, **everything)
+    openmetrics = render_metrics(snapshot, **everything, accept="application/openmetrics-text")
+    assert {f.name for f in openmetrics_families(openmetrics)} == {
+        f.name for f in text_string_to_metric_families(text)
+    }
     families = {f.name: f for f in text_string_to_metric_families(text)}
     exported = {re.search(r"^# TYPE (\S+)", line).group(1) for line in text.splitlines() if "# TYPE" in line}
     documented = _documented_names()
@@ -173,3 +186,37 @@ def test_without_upstreams_no_upstream_series_are_exported() -> None:
     text = render_metrics(Counters().snapshot(), models=["m"])
     assert "edgeserve_upstream" not in text
     assert value(parse_samples(text), "nv_inference_pending_request_count", model="m", version="1") == 0
+
+
+def test_both_formats_carry_the_same_samples_and_parse_with_prometheus_parsers() -> None:
+    counters = Counters()
+    odd = 'cam "front"\\left\nnight'
+    counters.requests[(odd, "ok")] += 2
+    counters.requests[(odd, "rejected")] += 1
+    counters.observe_ok(odd, queued=1.0, start=1.001, end=1.003)
+    counters.observe_batch(odd, 1.001, 1.003, 1)
+    stats = FrontendStats(connections=2, requests=3, by_status={"ok": 2, "rejected": 1})
+    kwargs = {"models": [odd], "frontends": {"socket": stats}, "process": process_metrics.sample()}
+    text = render_metrics(counters.snapshot(), **kwargs)
+    openmetrics = render_metrics(counters.snapshot(), **kwargs, accept="application/openmetrics-text")
+    assert text.startswith("# HELP") and openmetrics.endswith("# EOF\n")
+
+    def samples(families) -> set:  # type: ignore[no-untyped-def]
+        return {
+            (s.name.removesuffix("_total"), frozenset(s.labels.items()), s.value)
+            for f in families
+            for s in f.samples
+        }
+
+    assert samples(text_string_to_metric_families(text)) == samples(openmetrics_families(openmetrics))
+    # Triton's counters keep their names (no _total) in both formats
+    for body in (text, openmetrics):
+        assert re.search(r'^nv_inference_request_success\{.*model="cam', body, re.MULTILINE)
+        assert "nv_inference_request_success_total" not in body
+    assert "# TYPE edgeserve_requests_total counter" in text
+    assert "# TYPE edgeserve_requests counter" in openmetrics and "edgeserve_requests_total{" in openmetrics
+
+
+def test_the_exposition_is_prometheus_clients_not_a_hand_written_one() -> None:
+    source = (REPO / "edgeserve" / "metrics" / "exposition.py").read_text()
+    assert "choose_encoder" in source and "# TYPE" not in source and "# HELP" not in source

@@ -9,6 +9,7 @@ to it: the answers served upstream carry LightGBM's predictions, and no request 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from pathlib import Path
 
@@ -22,7 +23,11 @@ from edgeserve.runtime.server import Server
 from edgeserve.wire.oip_client import OipClient
 
 lightgbm = pytest.importorskip("lightgbm")
-pytest.importorskip("mlserver_lightgbm")
+# Looked up, not imported: MLServer runs in its own process (`mlserver start`), and importing it
+# here would register its `inference.*` protobuf messages in this process, where tritonclient.grpc's
+# (tests/oip/test_oip_grpc*.py) already are: protobuf refuses the second set.
+if importlib.util.find_spec("mlserver_lightgbm") is None:
+    pytest.skip("mlserver_lightgbm is not installed", allow_module_level=True)
 datasets = pytest.importorskip("sklearn.datasets")
 
 LOCAL_DELAY_S = 0.004  # per local batch: a slow box, so a burst overloads it
