@@ -36,9 +36,8 @@ from edgeserve import __version__
 from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
-from edgeserve.manifest import TensorSpec
 from edgeserve.oip.connections import HttpGuard
-from edgeserve.oip.decoding import Decoder, ModelInputs, charge, decode, json_size, model_inputs
+from edgeserve.oip.decoding import Decoder, charge, decode, json_size
 from edgeserve.oip.errors import OipRequestError, error_response
 from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
 from edgeserve.wire.oip_codec import (
@@ -52,6 +51,7 @@ from edgeserve.wire.oip_codec import (
     encode_response,
 )
 from edgeserve.wire.oip_model import (
+    ModelTables,
     answer_parameters,
     deadline_keywords,
     metadata_entry,
@@ -140,8 +140,7 @@ class OipFrontend:
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
-        self._tensor_specs: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {}
-        self._inputs: dict[str, ModelInputs] = {}
+        self._tables = ModelTables(server)  # per model: its tensors and what a request may carry
         self._decoder = Decoder(self.guard.budget)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -257,23 +256,12 @@ class OipFrontend:
         self._model(request)
         return web.Response(status=200 if self.server.accepting else 503)
 
-    def _tensors(self, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        """(inputs, outputs) of one sample; the outputs are the final exit's (every exit answers
-        under these names, see Server). Kept per model: every infer needs them, and a model's
-        manifest does not change while the server runs (a reload that would change it is refused)."""
-        specs = self._tensor_specs.get(model)
-        if specs is None:
-            manifest = self.server.manifest(model)
-            outputs = manifest.exit_outputs(len(manifest.exits) - 1)
-            specs = self._tensor_specs[model] = (tuple(manifest.inputs), tuple(outputs))
-        return specs
-
     def _platform(self) -> str:
         return f"edgeserve_{self.server.config.backend.name}"
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
         model = self._model(request)
-        inputs, outputs = self._tensors(model)
+        inputs, outputs = self._tables.tensors(model)
         return web.json_response(
             {
                 "name": model,
@@ -300,19 +288,10 @@ class OipFrontend:
             max_batch,
             config.models[model].slo_ms,
             manifest.exits,
-            *self._tensors(model),
+            *self._tables.tensors(model),
         )
 
     # -- infer -------------------------------------------------------------------------------------
-
-    def _model_inputs(self, model: str) -> ModelInputs:
-        """What an infer request for `model` may carry (kept until its queue bound changes)."""
-        inputs, outputs = self._tensors(model)
-        limit = self.server.queue_bound(model)
-        table = self._inputs.get(model)
-        if table is None or table.limit != (limit if all(t.batched for t in inputs) else 1):
-            table = self._inputs[model] = model_inputs(model, inputs, outputs, limit)
-        return table
 
     def _encoding(self, request: web.Request) -> str:
         """The body's Content-Encoding (lower case, "" for none); 415 for one not taken."""
@@ -359,7 +338,7 @@ class OipFrontend:
                 413,
                 f"request body exceeds listen.max_frame_bytes ({limit} bytes): Content-Length is {declared}",
             )
-        table = self._model_inputs(model)
+        table = self._tables.inputs(model)
         size = limit if declared is None or encoding else declared  # chunked or inflated: up to the limit
         header_length = request.headers.get(HEADER_LENGTH)
         cost = charge(size, json_size(size, header_length), table.max_items)
@@ -422,7 +401,7 @@ class OipFrontend:
             detail = results[index].error or status.value
             where = f"sample {index} of {len(results)}: " if len(results) > 1 else ""
             return error_response(HTTP_STATUS[status], f"{status.value}: {where}{detail}")
-        _, specs = self._tensors(model)
+        _, specs = self._tables.tensors(model)
         wanted = {o.name for o in infer.outputs} if infer.outputs else None
         tensors = [
             Tensor(t.name, output_rows(t, [r.outputs[t.name] if r.outputs else r.output for r in results]))

@@ -31,7 +31,6 @@ from edgeserve import __version__
 from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
-from edgeserve.manifest import TensorSpec
 from edgeserve.oipgrpc.proto import grpc_service_pb2 as pb
 from edgeserve.oipgrpc.proto import model_config_pb2
 from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
@@ -48,12 +47,12 @@ from edgeserve.wire.oip_codec import (
 )
 from edgeserve.wire.oip_model import (
     ModelInputs,
+    ModelTables,
     answer_parameters,
     check,
     deadline_keywords,
     metadata_entry,
     model_config,
-    model_inputs,
     output_rows,
     samples,
 )
@@ -186,8 +185,7 @@ class OipGrpcFront:
         self.address: str | None = None
         self._grpc: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
-        self._tensor_specs: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {}
-        self._inputs: dict[str, ModelInputs] = {}
+        self._tables = ModelTables(server)  # per model: its tensors and what a request may carry
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -321,21 +319,12 @@ class OipGrpcFront:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.server.accepting)
 
-    def _tensors(self, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        """(inputs, outputs) of one sample; the outputs the final exit's (as on HTTP)."""
-        specs = self._tensor_specs.get(model)
-        if specs is None:
-            manifest = self.server.manifest(model)
-            outputs = manifest.exit_outputs(len(manifest.exits) - 1)
-            specs = self._tensor_specs[model] = (tuple(manifest.inputs), tuple(outputs))
-        return specs
-
     def _platform(self) -> str:
         return f"edgeserve_{self.server.config.backend.name}"
 
     async def _model_metadata(self, request: Any, context: Any) -> Any:
         model = await self._served(request, context)
-        inputs, outputs = self._tensors(model)
+        inputs, outputs = self._tables.tensors(model)
         answer = {
             "name": model,
             "versions": [VERSION],
@@ -357,20 +346,11 @@ class OipGrpcFront:
             max_batch,
             config.models[model].slo_ms,
             self.server.manifest(model).exits,
-            *self._tensors(model),
+            *self._tables.tensors(model),
         )
         return pb.ModelConfigResponse(config=json_format.ParseDict(answer, model_config_pb2.ModelConfig()))
 
     # -- infer -------------------------------------------------------------------------------------
-
-    def _model_inputs(self, model: str) -> ModelInputs:
-        """What an infer request for `model` may carry (kept until its queue bound changes)."""
-        inputs, outputs = self._tensors(model)
-        limit = self.server.queue_bound(model)
-        table = self._inputs.get(model)
-        if table is None or table.limit != (limit if all(t.batched for t in inputs) else 1):
-            table = self._inputs[model] = model_inputs(model, inputs, outputs, limit)
-        return table
 
     def _read(
         self, request: Any, remaining: float | None
@@ -379,7 +359,7 @@ class OipGrpcFront:
         A request whose parameters give no deadline gets the gRPC deadline the client set, if any."""
         model = self._model(request.model_name, request.model_version)
         try:
-            infer, found = read_infer(request, self._model_inputs(model))
+            infer, found = read_infer(request, self._tables.inputs(model))
             deadline = deadline_keywords(infer.parameters)
         except OipMessageError as exc:
             self.stats.protocol_errors += 1
@@ -415,7 +395,7 @@ class OipGrpcFront:
         failure = _failure(results)
         if failure is not None:
             raise Refusal(*failure)
-        _, specs = self._tensors(model)
+        _, specs = self._tables.tensors(model)
         wanted = {o.name for o in infer.outputs} if infer.outputs else None
         response = pb.ModelInferResponse(model_name=model, model_version=VERSION, id=request.id)
         for spec in specs:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from edgeserve.manifest import TensorSpec
+from edgeserve.manifest import Manifest, TensorSpec
 from edgeserve.wire.oip_codec import InferRequest, OipMessageError, RequestHeader, clip
 
 # manifest dtype -> KServe v2 datatype
@@ -78,6 +78,42 @@ def model_inputs(
     """The table `check` reads for `model`; `limit` is 1 when an input has no batch dimension."""
     limit = limit if all(t.batched for t in inputs) else 1
     return ModelInputs(model, inputs, frozenset(t.name for t in outputs), limit, max_items(inputs, limit))
+
+
+class ModelSource(Protocol):
+    """What the tables are built from: the Server's manifests and queue bounds."""
+
+    def manifest(self, model: str) -> Manifest: ...
+    def queue_bound(self, model: str) -> int: ...
+
+
+class ModelTables:
+    """A front's per-model tables, kept: every infer needs them, and a model's manifest does not
+    change while the server runs (a reload that would change it is refused)."""
+
+    def __init__(self, server: ModelSource) -> None:
+        self.server = server
+        self._specs: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {}
+        self._inputs: dict[str, ModelInputs] = {}
+
+    def tensors(self, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """(inputs, outputs) of one sample; the outputs are the final exit's (every exit answers
+        under these names, see Server)."""
+        specs = self._specs.get(model)
+        if specs is None:
+            manifest = self.server.manifest(model)
+            outputs = manifest.exit_outputs(len(manifest.exits) - 1)
+            specs = self._specs[model] = (tuple(manifest.inputs), tuple(outputs))
+        return specs
+
+    def inputs(self, model: str) -> ModelInputs:
+        """What an infer request for `model` may carry (kept until its queue bound changes)."""
+        inputs, outputs = self.tensors(model)
+        limit = self.server.queue_bound(model)
+        table = self._inputs.get(model)
+        if table is None or table.limit != (limit if all(t.batched for t in inputs) else 1):
+            table = self._inputs[model] = model_inputs(model, inputs, outputs, limit)
+        return table
 
 
 def _check_names(header: RequestHeader, table: ModelInputs) -> None:
