@@ -23,7 +23,8 @@ wall time the loop polled while idle (`poll%`, `[backend] idle_poll_us`), the me
 request in its socket before the front read it as the phase ended (`rdwus`); every rate also as
 a multiple of the capacity. Last, fairness: one connection floods at 10x (`--flood`; `--floods N`
 shares it among N) while another, from a second process, sends at 0.1x (`--polite http`: over the
-Open Inference Protocol instead, the project's OipClient).
+Open Inference Protocol instead, the project's OipClient; `--polite grpc`: over its gRPC form,
+tritonclient.grpc.aio).
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
@@ -36,6 +37,7 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --decode live --no-fairness            # a decoding client
     .venv/bin/python benchmarks/overload.py --split 0.7,0.1,0.1,0.1 --flood 3      # uneven clients
     .venv/bin/python benchmarks/overload.py --levels 1 --polite http --deadline-ms 20  # polite over HTTP
+    .venv/bin/python benchmarks/overload.py --levels 1 --polite grpc --deadline-ms 20  # polite over gRPC
     edgeserve export --model resnet50 --model resnet101 --model resnet152 --width 0.25 --repository rn
     edgeserve-profile --threads 1 --repeats 30 --repository rn    # heavier models (SLO 50 ms), then:
     .venv/bin/python benchmarks/overload.py --repository rn --model resnet50-cifar-w0.25 \
@@ -300,9 +302,49 @@ async def run_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
     return {"conns": [c.summary(deadlines_s) for c, _ in opened]}
 
 
+# gRPC status -> the HTTP status OipClient would have raised (docs/oip.md, "gRPC": status codes)
+GRPC_AS_HTTP = {"StatusCode.UNAVAILABLE": 429, "StatusCode.DEADLINE_EXCEEDED": 504}
+
+
+class GrpcOip:
+    """tritonclient.grpc.aio behind OipClient's two calls: the polite client with `--polite grpc`."""
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.grpc.aio as grpcclient  # the interop extra; only this client needs it
+
+        self.grpc = grpcclient
+        self.client = grpcclient.InferenceServerClient(url.removeprefix("grpc://"))
+
+    async def __aenter__(self) -> GrpcOip:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+
+    async def model_metadata(self, model: str) -> dict[str, Any]:
+        return await self.client.get_model_metadata(model, as_json=True)  # int64 shapes as strings
+
+    async def infer(
+        self, model: str, inputs: dict[str, np.ndarray], parameters: dict[str, Any], timeout_s: float
+    ) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        tensors = []
+        for name, x in inputs.items():
+            tensor = self.grpc.InferInput(name, list(x.shape), str(x.dtype).upper().replace("FLOAT", "FP"))
+            tensor.set_data_from_numpy(x)
+            tensors.append(tensor)
+        try:
+            await self.client.infer(model, tensors, parameters=parameters, client_timeout=timeout_s)
+        except InferenceServerException as exc:
+            status = GRPC_AS_HTTP.get(str(exc.status()), 500)
+            raise OipError(str(exc), kind="http", status=status) from None
+
+
 async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
     """An open-loop client of the Open Inference Protocol (the project's OipClient, binary tensors,
-    `deadline_ms` as a request parameter): the fairness case's polite client with `--polite http`.
+    `deadline_ms` as a request parameter): the fairness case's polite client with `--polite http`
+    (`--polite grpc`: tritonclient.grpc.aio instead, through GrpcOip).
     Same messages to the orchestrator as `run_phase`; its sends and answers are recorded in a Conn
     (never connected) for the same summary."""
     names, seconds, rate = spec["models"], spec["seconds"], spec["http"]["rate"]
@@ -312,11 +354,13 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
     models = rng.choice(len(names), size=len(times), p=spec["weights"]).tolist()
     record = Conn()
     statuses = {429: STATUS["rejected"], 504: STATUS["expired"]}
-    async with OipClient(spec["http"]["url"], max_connections=64) as client:
+    url = spec["http"]["url"]
+    opened = GrpcOip(url) if url.startswith("grpc://") else OipClient(url, max_connections=64)
+    async with opened as client:
         inputs = []
         for k, model in enumerate(names):
             (tensor,) = (await client.model_metadata(model))["inputs"]
-            shape = [1 if d < 0 else d for d in tensor["shape"]]
+            shape = [1 if int(d) < 0 else int(d) for d in tensor["shape"]]
             dtype = f"{tensor['datatype'].lower().replace('fp', 'float')}"  # FP32 -> float32, UINT8 -> uint8
             x = np.random.default_rng(k).standard_normal(shape).astype(dtype)
             inputs.append({tensor["name"]: x})
@@ -554,7 +598,7 @@ def write_config(
         f"unix = {json.dumps(str(sock))}",
         'unix_mode = "0600"',
         f'tcp = "127.0.0.1:{ports[0]}"',
-        *([f'http = "127.0.0.1:{ports[2]}"'] if args.polite == "http" else []),
+        *([f'{args.polite} = "127.0.0.1:{ports[2]}"'] if args.polite in ("http", "grpc") else []),
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
         *([f"max_in_flight_total = {args.max_in_flight_total}"] if args.max_in_flight_total else []),
         *([f"reply_margin_ms = {args.reply_margin_ms}"] if args.reply_margin_ms is not None else []),
@@ -612,10 +656,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--polite",
-        choices=("socket", "http"),
+        choices=("socket", "http", "grpc"),
         default="socket",
         help="fairness: the polite client on a socket connection (TCP), or over HTTP (the Open "
-        "Inference Protocol, OipClient with binary tensors; the server then listens on HTTP too)",
+        "Inference Protocol, OipClient with binary tensors; the server then listens on HTTP too), or "
+        "over gRPC (tritonclient.grpc.aio; the server then listens on gRPC too)",
     )
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")
@@ -735,8 +780,8 @@ def sweep(
         rate = args.flood * capacity / args.floods
         flood["conns"] = [{"target": targets[k % len(targets)], "rate": rate} for k in range(args.floods)]
         polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
-        if args.polite == "http":
-            url = f"http://127.0.0.1:{base['http_port']}"
+        if args.polite in ("http", "grpc"):
+            url = f"{args.polite}://127.0.0.1:{base['http_port']}"
             polite |= {
                 "conns": [{"target": url, "rate": 0.1 * capacity}],
                 "http": polite["conns"][0] | {"url": url},
