@@ -39,6 +39,7 @@ from edgeserve.metrics import process
 from edgeserve.metrics.accelerators import Accelerators
 from edgeserve.metrics.catalog import FrontendCounters, HttpCounters, collect
 from edgeserve.metrics.exposition import Family, encode, registry_of
+from edgeserve.wire.http_errors import error_response, http_exception_response
 
 if TYPE_CHECKING:
     from edgeserve.runtime import Server
@@ -55,10 +56,6 @@ class HttpGuardPort(HttpCounters, Protocol):
     def runner(self, app: web.Application, listener: str, **kwargs: Any) -> web.AppRunner: ...
 
 
-def _json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's own 404/405 as {"error": ...} JSON, like every other answer of the HTTP fronts."""
@@ -67,8 +64,7 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        kept = {k: exc.headers[k] for k in ("Allow",) if k in exc.headers}
-        return _json_error(exc.status, exc.text or exc.reason, kept)
+        return http_exception_response(exc)
 
 
 class MetricsEndpoint:
@@ -148,7 +144,7 @@ class MetricsEndpoint:
         if self.token is None or bearer_ok(request.headers.get("Authorization"), self.token):
             return await handler(request)
         self.refused_auth += 1
-        answer = _json_error(
+        answer = error_response(
             401,
             "a bearer token is required: send 'Authorization: Bearer <[listen] token>'",
             {"WWW-Authenticate": 'Bearer realm="edgeserve-metrics"'},

@@ -30,8 +30,8 @@ from aiohttp.web_protocol import RequestHandler
 
 from edgeserve.config.server import ListenConfig
 from edgeserve.oip.decoding import DecodeBudget
-from edgeserve.oip.errors import error_response, raw_error
 from edgeserve.runtime import FrontendStats
+from edgeserve.wire.http_errors import error_response, raw_error
 
 _log = logging.getLogger(__name__)
 

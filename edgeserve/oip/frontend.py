@@ -38,8 +38,9 @@ from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
 from edgeserve.oip.connections import HttpGuard
 from edgeserve.oip.decoding import Decoder, charge, decode, json_size
-from edgeserve.oip.errors import OipRequestError, error_response
+from edgeserve.oip.errors import OipRequestError
 from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
+from edgeserve.wire.http_errors import error_response, http_exception_response
 from edgeserve.wire.oip_codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -85,10 +86,6 @@ PRECEDENCE = (Status.INVALID, Status.ERROR, Status.SHUTDOWN, Status.REJECTED, St
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-# aiohttp's HTTPException headers that still apply to the JSON answer (405's Allow, 401's challenge).
-_KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
-
-
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error answer carries {"error": ...}, as the protocol says, even aiohttp's own 404/405/413
@@ -103,8 +100,7 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        kept = {k: exc.headers[k] for k in _KEPT_HEADERS if k in exc.headers}
-        return error_response(exc.status, exc.text or exc.reason, kept)
+        return http_exception_response(exc)
     except (asyncio.CancelledError, ConnectionError):
         raise  # the client went away: there is nobody to answer
     except Exception as exc:
