@@ -24,7 +24,9 @@ request in its socket before the front read it as the phase ended (`rdwus`); eve
 a multiple of the capacity. Last, fairness: one connection floods at 10x (`--flood`; `--floods N`
 shares it among N) while another, from a second process, sends at 0.1x (`--polite http`: over the
 Open Inference Protocol instead, the project's OipClient; `--polite grpc`: over its gRPC form,
-tritonclient.grpc.aio).
+tritonclient.grpc.aio). `--flood-over grpc` sends the flood over gRPC instead (grpc.aio's generic
+calls on bytes serialised once, over N channels with `--floods N`), arrivals more than 0.1 s overdue
+at a sender that falls behind counted as unsent.
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
@@ -38,6 +40,7 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --split 0.7,0.1,0.1,0.1 --flood 3      # uneven clients
     .venv/bin/python benchmarks/overload.py --levels 1 --polite http --deadline-ms 20  # polite over HTTP
     .venv/bin/python benchmarks/overload.py --levels 1 --polite grpc --deadline-ms 20  # polite over gRPC
+    .venv/bin/python benchmarks/overload.py --levels 1 --flood-over grpc --deadline-ms 20  # flood over gRPC
     edgeserve export --model resnet50 --model resnet101 --model resnet152 --width 0.25 --repository rn
     edgeserve-profile --threads 1 --repeats 30 --repository rn    # heavier models (SLO 50 ms), then:
     .venv/bin/python benchmarks/overload.py --repository rn --model resnet50-cifar-w0.25 \
@@ -55,6 +58,7 @@ import contextlib
 import json
 import math
 import multiprocessing as mp
+import os
 import shutil
 import signal
 import struct
@@ -400,8 +404,148 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
     return {"conns": [record.summary(np.array(spec["deadlines_ms"]) / 1e3)]}
 
 
+GRPC_METHOD = "/inference.GRPCInferenceService/"
+GRPC_BEHIND = 0.1  # a gRPC flood's arrival this long overdue and not yet sent counts as unsent
+GRPC_CHUNK = 128  # RPCs a gRPC flood starts per turn of the loop: its answers are stamped in between
+
+
+async def grpc_open_loop(
+    rpc: Callable[[bytes], Any],
+    requests: list[bytes],
+    record: Conn,
+    t0: float,
+    times: list[float],
+    models: list[int],
+    tasks: set[asyncio.Task[None]],
+) -> None:
+    """One gRPC flood channel's open loop, as Conn.open_loop: each request started at its scheduled
+    time (at most GRPC_CHUNK per turn of the loop, the rest on the turns after), its send and answer
+    times (only the status of the answer) in `record`. A sender that falls behind drops what is more
+    than GRPC_BEHIND overdue as unsent, as a socket flood whose server stops reading does."""
+    import grpc
+
+    statuses = {
+        grpc.StatusCode.UNAVAILABLE: STATUS["rejected"],
+        grpc.StatusCode.DEADLINE_EXCEEDED: STATUS["expired"],
+    }
+
+    async def one(call: Any, i: int) -> None:
+        try:
+            await call
+            status = STATUS["ok"]
+        except grpc.aio.AioRpcError as exc:
+            status = statuses.get(exc.code(), 3)
+        record.ans_id.append(i)
+        record.ans_st.append(status)
+        record.ans_t.append(time.monotonic())
+
+    i, n, csum = 0, len(times), np.concatenate([[0.0], np.cumsum(times)])
+    while i < n:
+        now = time.monotonic()
+        due = bisect.bisect_right(times, now - t0, i)
+        stale = bisect.bisect_right(times, now - t0 - GRPC_BEHIND, i, due)
+        j = min(due, stale + GRPC_CHUNK)
+        if j > i:
+            record.lag_sum += (now - t0) * (j - i) - (csum[j] - csum[i])
+            record.lag_max = max(record.lag_max, now - t0 - times[i])
+            record.unsent += stale - i
+            for k in models[stale:j]:
+                task = asyncio.ensure_future(one(rpc(requests[k]), len(record.sent_at)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                record.sent_at.append(now)
+                record.model.append(k)
+            i = j
+        if i < n:
+            await asyncio.sleep(0 if i < due else max(TICK, t0 + times[i] - time.monotonic()))
+
+
+async def run_grpc_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
+    """The fairness case's flood with `--flood-over grpc`: an open loop per gRPC channel (each its own
+    connection) on grpc.aio's generic calls, each model's ModelInferRequest serialised once, only the
+    status of each answer read. Same messages to the orchestrator as `run_phase`, and one Conn (never
+    connected) per channel for the same summary."""
+    import grpc
+    from tritonclient.grpc import service_pb2  # the interop extra, as GrpcOip's
+
+    names, seconds = spec["models"], spec["seconds"]
+    channels = [
+        grpc.aio.insecure_channel(
+            c["target"].removeprefix("grpc://"), options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for c in spec["conns"]
+    ]
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        metadata = channels[0].unary_unary(
+            GRPC_METHOD + "ModelMetadata",
+            request_serializer=service_pb2.ModelMetadataRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelMetadataResponse.FromString,
+        )
+        requests = []
+        for k, model in enumerate(names):
+            (tensor,) = (await metadata(service_pb2.ModelMetadataRequest(name=model), timeout=10.0)).inputs
+            shape = [1 if d < 0 else d for d in tensor.shape]
+            dtype = tensor.datatype.lower().replace("fp", "float")  # FP32 -> float32, UINT8 -> uint8
+            request = service_pb2.ModelInferRequest(model_name=model)
+            request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=shape)
+            request.raw_input_contents.append(
+                np.random.default_rng(k).standard_normal(shape).astype(dtype).tobytes()
+            )
+            request.parameters["deadline_ms"].double_param = spec["deadlines_ms"][k]
+            requests.append(request.SerializeToString())
+        for channel in channels:  # connected before the clock starts
+            await asyncio.wait_for(channel.channel_ready(), 10.0)
+        records, plans = [Conn() for _ in channels], []
+        for i, c in enumerate(spec["conns"]):
+            rng, rate = np.random.default_rng(spec["seed"] + i), c["rate"]
+            times = np.cumsum(
+                rng.exponential(1.0 / rate, int(rate * seconds + 6 * math.sqrt(rate * seconds) + 10))
+            )
+            times = times[times < seconds].tolist()
+            plans.append((times, rng.choice(len(names), size=len(times), p=spec["weights"]).tolist()))
+        pipe.send(("ready", None))
+        assert pipe.recv() == "go"
+        cpu0, t0 = time.process_time(), time.monotonic()
+        await asyncio.gather(
+            *(
+                grpc_open_loop(
+                    channel.unary_unary(GRPC_METHOD + "ModelInfer"),
+                    requests,
+                    record,
+                    t0,
+                    times,
+                    models,
+                    tasks,
+                )
+                for channel, record, (times, models) in zip(channels, records, plans, strict=True)
+            )
+        )
+        pipe.send(("sent", time.monotonic() - t0, time.process_time() - cpu0))
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=spec["grace"])
+    finally:
+        for task in list(tasks):  # no answer within the grace: lost
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in channels:
+            await channel.close()
+    deadlines_s = np.array(spec["deadlines_ms"]) / 1e3
+    return {"conns": [record.summary(deadlines_s) for record in records]}
+
+
 def phase_for(spec: dict[str, Any]) -> Callable[[dict[str, Any], Connection], Awaitable[dict[str, Any]]]:
-    return run_http_phase if "http" in spec else run_phase
+    if "http" in spec:
+        return run_http_phase
+    if spec["conns"] and all(c["target"].startswith("grpc://") for c in spec["conns"]):
+        return run_grpc_phase  # the flood with --flood-over grpc
+    return run_phase
+
+
+def pin(pid: int, cpus: list[int]) -> None:
+    """Every thread of process `pid` on `cpus` (Linux; the threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
 
 
 def worker_main(pipe: Connection, choose: Callable[..., Any] = phase_for) -> None:
@@ -598,7 +742,8 @@ def write_config(
         f"unix = {json.dumps(str(sock))}",
         'unix_mode = "0600"',
         f'tcp = "127.0.0.1:{ports[0]}"',
-        *([f'{args.polite} = "127.0.0.1:{ports[2]}"'] if args.polite in ("http", "grpc") else []),
+        *([f'http = "127.0.0.1:{ports[2]}"'] if args.polite == "http" else []),
+        *([f'grpc = "127.0.0.1:{ports[3]}"'] if "grpc" in (args.polite, args.flood_over) else []),
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
         *([f"max_in_flight_total = {args.max_in_flight_total}"] if args.max_in_flight_total else []),
         *([f"reply_margin_ms = {args.reply_margin_ms}"] if args.reply_margin_ms is not None else []),
@@ -652,7 +797,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--flood", type=float, default=10.0, help="fairness: the flood's rate, x capacity (default 10)"
     )
     parser.add_argument(
-        "--floods", type=int, default=1, help="fairness: connections sharing the flood's rate (default 1)"
+        "--floods",
+        type=int,
+        default=1,
+        help="fairness: connections (gRPC: channels) sharing the flood's rate (default 1)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the server on the first CPU, the load generators on the others (Linux, 2+ CPUs): on a "
+        "box with few cores, what the server does, apart from the generators' competing for its CPU",
+    )
+    parser.add_argument(
+        "--flood-over",
+        choices=("socket", "grpc"),
+        default="socket",
+        help="fairness: the flood as raw socket frames (default), or over gRPC (grpc.aio's generic calls, "
+        "each model's request serialised once; the server then listens on gRPC too): a sender that "
+        "falls behind shows as unsent and send lag",
     )
     parser.add_argument(
         "--polite",
@@ -778,10 +940,11 @@ def sweep(
         time.sleep(args.pause)
         flood = base | {"seconds": args.seconds, "seed": args.seed + 7}
         rate = args.flood * capacity / args.floods
-        flood["conns"] = [{"target": targets[k % len(targets)], "rate": rate} for k in range(args.floods)]
+        flooded = [f"grpc://127.0.0.1:{base['grpc_port']}"] if args.flood_over == "grpc" else targets
+        flood["conns"] = [{"target": flooded[k % len(flooded)], "rate": rate} for k in range(args.floods)]
         polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
         if args.polite in ("http", "grpc"):
-            url = f"{args.polite}://127.0.0.1:{base['http_port']}"
+            url = f"{args.polite}://127.0.0.1:{base[f'{args.polite}_port']}"
             polite |= {
                 "conns": [{"target": url, "rate": 0.1 * capacity}],
                 "http": polite["conns"][0] | {"url": url},
@@ -839,15 +1002,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="edgeserve-overload-"))  # short: UNIX socket paths are limited
     config, sock, log = workdir / "serve.toml", workdir / "edgeserve.sock", workdir / "serve.log"
-    tcp, metrics_port, http = free_ports(3)
-    write_config(config, args, slos, sock, [tcp, metrics_port, http], "all")
+    tcp, metrics_port, http, grpc = free_ports(4)
+    write_config(config, args, slos, sock, [tcp, metrics_port, http, grpc], "all")
     ratios = default_ratios(len(models))
     base: dict[str, Any] = {"models": models, "weights": [r / sum(ratios) for r in ratios]}
     base["live"] = args.decode == "live"
     base["deadlines_ms"] = [args.deadline_ms or slos[m] for m in models]
     base["targets"] = [f"unix://{sock}", f"tcp://127.0.0.1:{tcp}"] * (args.connections // 2)
     base["targets"] += [f"unix://{sock}"] * (args.connections % 2)
-    base |= {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "grace": args.grace, "http_port": http}
+    base |= {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "grace": args.grace}
+    base |= {"http_port": http, "grpc_port": grpc}
     print(
         f"overload: server log {log}; deadline_ms {dict(zip(models, base['deadlines_ms'], strict=True))}; "
         f"late_tasks {args.late_tasks or 'serve (default)'}; admission {args.admission} (closed loop: all)"
@@ -859,10 +1023,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for proc in procs:
             proc.start()
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            pin(server.pid, cpus[:1])
+            for proc in procs:
+                assert proc.pid is not None
+                pin(proc.pid, cpus[1:])
 
         def admit() -> None:
             """Reload the server with the admission under test (SIGHUP), and wait until it has."""
-            write_config(config, args, slos, sock, [tcp, metrics_port, http], args.admission)
+            write_config(config, args, slos, sock, [tcp, metrics_port, http, grpc], args.admission)
             server.send_signal(signal.SIGHUP)
             give_up = time.monotonic() + 30
             while '"reloaded"' not in log.read_text() and "reloaded" not in log.read_text():

@@ -27,6 +27,12 @@ def http_url(srv: ServerThread) -> str:
     return next(u for u in srv.net.urls if u.startswith("http://"))
 
 
+def grpc_address(srv: ServerThread) -> str:
+    """host:port of a server's gRPC listener ([listen] grpc)."""
+    assert srv.net.grpc is not None and srv.net.grpc.address is not None
+    return srv.net.grpc.address
+
+
 @contextmanager
 def oip_server(
     config: dict[str, Any], backend_factory: BackendFactory | None = None

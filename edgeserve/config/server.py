@@ -154,7 +154,7 @@ class ListenConfig:
     front_process: bool = False
     # The HTTP listeners (OIP front and metrics endpoint together; docs/oip.md, "Limits"). The caps:
     # None derives them when the front starts from RLIMIT_NOFILE and the socket front's caps
-    # (oip/connections.py, `derived_caps`). Past them a connection gets a 503 and is closed.
+    # (config/http_limits.py, `derived_caps`). Past them a connection gets a 503 and is closed.
     http_max_connections: int | None = None
     http_max_connections_per_listener: int | None = None
     http_header_timeout_s: float = DEFAULT_HTTP_HEADER_TIMEOUT_S  # request line and headers

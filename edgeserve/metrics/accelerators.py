@@ -187,10 +187,19 @@ def _import_pynvml() -> ModuleType:
     return pynvml
 
 
+# How old a scrape's accelerator values may be. Triton refreshes its GPU metrics every 2 s
+# (--metrics-interval-ms 2000) and scrapers poll every 5 s or more (Prometheus' default: 1 min), so
+# under 2 s every scrape sees values fresher than Triton's, while two scrapers (or a retried scrape)
+# within the second share one read of NVML and sysfs instead of each paying for their own.
+MAX_AGE_S = 1.0
+
+
 class Accelerators:
     """The accelerator families of this machine, read in a worker thread at most every `max_age_s`."""
 
-    def __init__(self, root: Path | str = "/", *, nvml: Nvml | None = None, max_age_s: float = 1.0) -> None:
+    def __init__(
+        self, root: Path | str = "/", *, nvml: Nvml | None = None, max_age_s: float = MAX_AGE_S
+    ) -> None:
         self.root = Path(root)
         self.nvml = nvml if nvml is not None else Nvml()
         self.max_age_s = max_age_s

@@ -2,13 +2,14 @@
 `[listen] grpc`, so that tritonclient.grpc, perf_analyzer -i grpc and KServe gRPC clients reach the
 scheduler unchanged.
 
-It runs a grpc.aio server on the Server's event loop (the Server is loop-only), as the HTTP front
-(oip/frontend.py) does, and applies the same rules through wire/oip_model.py: the inputs a model
-takes by name, datatype and shape, at most `Server.queue_bound(model)` samples a request, the
-deadline parameters (`deadline_ms`, Triton's `timeout` in microseconds, `capture_ts`; else the
-gRPC deadline the client set), and the tensors decoded by wire/oip_codec.py. An infer request of N
-samples becomes N `Server.infer` calls under one deadline. RPCs, status codes and parameters are in
-docs/oip.md, "gRPC".
+It runs a grpc.aio server on an event loop of its own, on a thread beside the Server's
+(loop_thread.py says why), and hands each request to the Server's loop for Server.infer (the
+Server is loop-only). It applies the HTTP front's rules (oip/frontend.py) through
+wire/oip_model.py: the inputs a model takes by name, datatype and shape, at most
+`Server.queue_bound(model)` samples a request, the deadline parameters (`deadline_ms`, Triton's
+`timeout` in microseconds, `capture_ts`; else the gRPC deadline the client set), and the tensors
+decoded by wire/oip_codec.py. An infer request of N samples becomes N `Server.infer` calls under
+one deadline. RPCs, status codes and parameters are in docs/oip.md, "gRPC".
 
 The messages are generated from Triton's .proto files (proto/, README.md there says how), in a
 package of their own so that they never collide with tritonclient's in protobuf's descriptor pool;
@@ -29,8 +30,11 @@ from google.protobuf import json_format
 
 from edgeserve import __version__
 from edgeserve.config.access import bearer_ok, warn_if_exposed
+from edgeserve.config.http_limits import HttpLimits
 from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
+from edgeserve.oipgrpc.limits import server_options
+from edgeserve.oipgrpc.loop_thread import Crossing, LoopThread
 from edgeserve.oipgrpc.proto import grpc_service_pb2 as pb
 from edgeserve.oipgrpc.proto import model_config_pb2
 from edgeserve.runtime import FrontendStats, Result, Sample, Server, Status
@@ -172,19 +176,27 @@ def _failure(results: list[Result]) -> tuple[grpc.StatusCode, str] | None:
 class OipGrpcFront:
     """Serve `server` over gRPC at `listen.grpc`: `address = await front.start()`, `await front.close()`.
 
-    Messages above `listen.max_frame_bytes` are refused (RESOURCE_EXHAUSTED, by gRPC itself); with
+    The HTTP listeners' caps and timeouts and the socket front's window hold (limits.py); with
     `[listen] token` every RPC but ServerLive and ServerReady needs the metadata
     `authorization: Bearer <token>` (UNAUTHENTICATED otherwise)."""
 
-    def __init__(self, server: Server, listen: ListenConfig) -> None:
+    def __init__(
+        self, server: Server, listen: ListenConfig, limits: Callable[[], HttpLimits] | None = None
+    ) -> None:
+        """`limits`: the HTTP listeners' limits in force (NetServer's HttpGuard derives them once
+        for all listeners); by default derived here, when the front starts."""
         if listen.grpc is None:
             raise ValueError("OipGrpcFront needs listen.grpc (host, port); port 0 picks a free one")
         self.server = server
         self.listen = listen
         self.stats = FrontendStats()
         self.address: str | None = None
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: grpc.aio.Server | None = None  # on self._beside's loop, as is all of gRPC here
+        self._beside: LoopThread | None = None
+        self._to_server: Crossing | None = None  # calls into the Server's loop
+        self._to_grpc: Crossing | None = None  # and back
         self._stopping: asyncio.Task[None] | None = None
+        self._limits = limits or (lambda: HttpLimits.from_listen(listen))
         self._tables = ModelTables(server)  # per model: its tensors and what a request may carry
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -199,7 +211,7 @@ class OipGrpcFront:
             "ModelMetadata": (self._model_metadata, pb.ModelMetadataRequest),
             "ModelConfig": (self._model_config, pb.ModelConfigRequest),
             "RepositoryIndex": (self._repository_index, pb.RepositoryIndexRequest),
-            "ModelInfer": (self._infer, pb.ModelInferRequest),
+            "ModelInfer": (self._model_infer, pb.ModelInferRequest),
         }
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
@@ -215,10 +227,25 @@ class OipGrpcFront:
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
     async def start(self) -> str:
-        """Listen on listen.grpc; returns host:port (the real port when 0 was asked)."""
+        """Listen on listen.grpc (call on the Server's loop); returns host:port (the real port when
+        0 was asked)."""
+        window = self.listen.resolved(*self.server.window_bounds()).max_in_flight
+        assert window is not None
+        options = server_options(self.listen, self._limits(), window)
+        beside = LoopThread("edgeserve-grpc")
+        self._to_server, self._to_grpc = Crossing(asyncio.get_running_loop()), Crossing(beside.loop)
+        beside.start()
+        try:
+            self.address = await beside.run(self._listen(options))
+        except BaseException:
+            await beside.stop()
+            raise
+        self._beside = beside
+        return self.address
+
+    async def _listen(self, options: list[tuple[str, int]]) -> str:
+        """The grpc.aio server, made and started on the gRPC loop."""
         assert self.listen.grpc is not None
-        limit = self.listen.max_frame_bytes
-        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((self.handler(),))
         host, port = self.listen.grpc
@@ -233,23 +260,33 @@ class OipGrpcFront:
             raise listen_failure("listen.grpc", f"{host}:{port}", OSError(reason)) from None
         await server.start()
         self._grpc = server
-        self.address = f"{shown}:{bound}"
-        _log.info("Open Inference Protocol over gRPC on %s", self.address)
+        _log.info("Open Inference Protocol over gRPC on %s:%s", shown, bound)
         warn_if_exposed(_log, "listen.grpc (Open Inference Protocol)", host, bound, self.listen.token)
-        return self.address
+        return f"{shown}:{bound}"
 
     async def stop_accepting(self) -> None:
         """Take no new RPCs; the running ones are still answered (UNAVAILABLE once shut down)."""
-        if self._grpc is not None and self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._grpc.stop(SHUTDOWN_GRACE_S))
-            await asyncio.sleep(0)
+        if self._beside is not None and self._stopping is None:
+            await self._beside.run(self._begin_stop())
+
+    async def _begin_stop(self) -> None:
+        assert self._grpc is not None
+        self._stopping = asyncio.ensure_future(self._grpc.stop(SHUTDOWN_GRACE_S))
+        await asyncio.sleep(0)  # (the stop's first step: no call is taken after it)
+
+    async def _stopped(self) -> None:
+        assert self._stopping is not None
+        await self._stopping
 
     async def close(self) -> None:
         """Close (call after Server.close has answered everything in flight)."""
+        beside = self._beside
+        if beside is None:
+            return
         await self.stop_accepting()
-        if self._stopping is not None:
-            await self._stopping
-        self._grpc = None
+        await beside.run(self._stopped())
+        await beside.stop()
+        self._beside = self._grpc = None
 
     def _guarded(self, fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -369,19 +406,44 @@ class OipGrpcFront:
         return model, infer, found, deadline
 
     async def _run(self, model: str, found: list[Sample], deadline: dict[str, float]) -> list[Result]:
-        margin = self.listen.reply_margin_ms / 1000.0
+        """The samples' Results, from Server.infer on the Server's loop; the RPC cancelled (its
+        client went away) cancels them there too, which drops what is still queued."""
+        assert self._to_server is not None
+        reply: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
+        started: list[asyncio.Task[list[Result]]] = []  # the Server loop's task, once it runs
+        self._to_server.call(self._start, reply, started, model, found, deadline)
         try:
-            if len(found) == 1:
-                results = [await self.server.infer(model, found[0], reply_margin_s=margin, **deadline)]
-            else:
-                results = list(
-                    await asyncio.gather(
-                        *(self.server.infer(model, x, reply_margin_s=margin, **deadline) for x in found)
-                    )
-                )
+            return await reply
         except asyncio.CancelledError:
-            self.stats.discarded += 1  # the client went away: Server.infer dropped what was still queued
+            self.stats.discarded += 1
+            self._to_server.call(lambda: started and started[0].cancel())  # (after _start: in order)
             raise
+
+    def _start(
+        self,
+        reply: asyncio.Future[list[Result]],
+        started: list[asyncio.Task[list[Result]]],
+        model: str,
+        found: list[Sample],
+        deadline: dict[str, float],
+    ) -> None:
+        """(On the Server's loop.) The task that answers `reply` on the gRPC loop."""
+        assert self._to_grpc is not None
+        task = asyncio.ensure_future(self._infer(model, found, deadline))
+        started.append(task)
+        task.add_done_callback(lambda done: self._to_grpc.call(_settle, reply, done))  # type: ignore[union-attr]
+
+    async def _infer(self, model: str, found: list[Sample], deadline: dict[str, float]) -> list[Result]:
+        """(On the Server's loop, which also reads stats.by_status for the metrics.)"""
+        margin = self.listen.reply_margin_ms / 1000.0
+        if len(found) == 1:
+            results = [await self.server.infer(model, found[0], reply_margin_s=margin, **deadline)]
+        else:
+            results = list(
+                await asyncio.gather(
+                    *(self.server.infer(model, x, reply_margin_s=margin, **deadline) for x in found)
+                )
+            )
         for result in results:
             self.stats.by_status[result.status.value] = self.stats.by_status.get(result.status.value, 0) + 1
         return results
@@ -410,7 +472,7 @@ class OipGrpcFront:
             set_parameter(response.parameters[key], value)
         return response
 
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def _model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await self._answer(request, context.time_remaining())
         except Refusal as exc:
@@ -456,6 +518,18 @@ class OipGrpcFront:
             await reader  # (its error, if any)
         finally:
             reader.cancel()
+
+
+def _settle(reply: asyncio.Future[list[Result]], done: asyncio.Task[list[Result]]) -> None:
+    """(On the gRPC loop.) The Server loop's task's outcome, unless the RPC was cancelled since."""
+    if reply.done():
+        return
+    if done.cancelled():
+        reply.cancel()
+    elif (error := done.exception()) is not None:
+        reply.set_exception(error)
+    else:
+        reply.set_result(done.result())
 
 
 def _stream_error(request: Any, message: str) -> Any:

@@ -61,7 +61,9 @@ class NetServer:
         # The Open Inference Protocol (HTTP) frontend, when [listen] http is set (docs/oip.md).
         self.oip = None if listen.http is None else OipFrontend(self.server, listen, self.http_guard)
         # The same protocol over gRPC, when [listen] grpc is set (docs/oip.md, "gRPC").
-        self.grpc = None if listen.grpc is None else OipGrpcFront(self.server, listen)
+        self.grpc = (
+            None if listen.grpc is None else OipGrpcFront(self.server, listen, lambda: self.http_guard.limits)
+        )
         # The socket front: in a process of its own ([listen] front_process), else on this loop,
         # where it also sees the HTTP and gRPC fronts' clients when it holds a flood for the polite ones.
         peers = [front.stats for front in (self.oip, self.grpc) if front is not None]

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 from net_support import ServerThread, server_thread
-from oip_support import http_url, oip_config
-from runtime_support import profiled_tiny_repository
+from oip_support import grpc_address, http_url, oip_config
+from runtime_support import HookedFactory, profiled_tiny_repository
 
 from edgeserve.config.checks import ConfigError
 from edgeserve.config.server import ServerConfig
@@ -43,11 +43,6 @@ def served_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("oip-grpc") / "engines"
     profiled_tiny_repository(root)
     return root
-
-
-def grpc_address(srv: ServerThread) -> str:
-    assert srv.net.grpc is not None and srv.net.grpc.address is not None
-    return srv.net.grpc.address
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +339,34 @@ def test_the_asyncio_client_infers(served: ServerThread, triton_http) -> None:
 
     logits = asyncio.run(run())
     np.testing.assert_array_equal(logits, http_infer(triton_http, "tiny_a", x).as_numpy("logits"))
+
+
+def test_a_cancelled_rpc_is_dropped_before_it_runs(served_root: Path) -> None:
+    """gRPC runs on a loop of its own: an RPC its client cancels must still reach the Server's
+    loop and take its request out of the queue, never run."""
+    factory = HookedFactory(delay_s=0.4)
+    with (
+        server_thread(oip_config(served_root, grpc="127.0.0.1:0"), factory) as srv,
+        grpc.insecure_channel(grpc_address(srv)) as channel,
+    ):
+        assert srv.net.grpc is not None and factory.backend is not None
+        infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        factory.backend.spans.clear()
+        factory.backend.entered.clear()
+        busy = infer.future(_request([1, 1, 8, 8]))  # holds the executor for 0.4 s
+        assert factory.backend.entered.wait(10)
+        queued = infer.future(_request([1, 1, 8, 8]))
+        until = time.monotonic() + 10
+        while srv.net.grpc.stats.requests < 2 and time.monotonic() < until:
+            time.sleep(0.005)
+        queued.cancel()
+        assert busy.result(10).model_name == "tiny_a" and queued.cancelled()
+        until = time.monotonic() + 10
+        while srv.net.grpc.stats.discarded < 1 and time.monotonic() < until:
+            time.sleep(0.005)
+        infer(_request([1, 1, 8, 8]), timeout=10)  # served after it: the queue is not stuck
+        assert srv.net.grpc.stats.discarded == 1
+        assert [size for _, _, size in factory.backend.spans] == [1, 1]  # the cancelled one never ran
 
 
 # -- the token ----------------------------------------------------------------------------------------

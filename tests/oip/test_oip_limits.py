@@ -21,9 +21,9 @@ from net_support import ServerThread, hello_frame, raw_connect, read_frame, vali
 from oip_support import host_port, json_error_of, oip_config, oip_server, raw_request, read_response
 from runtime_support import profiled_tiny_repository
 
+from edgeserve.config.http_limits import HttpLimits, derived_caps
 from edgeserve.config.server import ListenConfig
 from edgeserve.manifest import TensorSpec
-from edgeserve.oip.connections import HttpLimits, derived_caps
 from edgeserve.oip.decoding import (
     ENVELOPE_ITEMS,
     ITEM_BYTES,
