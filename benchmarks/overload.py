@@ -26,7 +26,9 @@ shares it among N) while another, from a second process, sends at 0.1x (`--polit
 Open Inference Protocol instead, the project's OipClient; `--polite grpc`: over its gRPC form,
 tritonclient.grpc.aio). `--flood-over grpc` sends the flood over gRPC instead (grpc.aio's generic
 calls on bytes serialised once, over N channels with `--floods N`), arrivals more than 0.1 s overdue
-at a sender that falls behind counted as unsent.
+at a sender that falls behind counted as unsent; `--flood-over http` over the Open Inference
+Protocol's HTTP front, the same way (aiohttp, each model's binary-tensor body encoded once, 64
+connections per `--floods` share, only the HTTP status read).
 `--split` shares a level's load unevenly among the connections (one busy camera, three quiet). Goals:
 goodput >= 0.8x capacity at 2x and up (client included); the polite connection >= 99% in deadline.
 
@@ -41,6 +43,7 @@ goodput >= 0.8x capacity at 2x and up (client included); the polite connection >
     .venv/bin/python benchmarks/overload.py --levels 1 --polite http --deadline-ms 20  # polite over HTTP
     .venv/bin/python benchmarks/overload.py --levels 1 --polite grpc --deadline-ms 20  # polite over gRPC
     .venv/bin/python benchmarks/overload.py --levels 1 --flood-over grpc --deadline-ms 20  # flood over gRPC
+    .venv/bin/python benchmarks/overload.py --levels 1 --flood-over http --deadline-ms 20  # flood over HTTP
     edgeserve export --model resnet50 --model resnet101 --model resnet152 --width 0.25 --repository rn
     edgeserve-profile --threads 1 --repeats 30 --repository rn    # heavier models (SLO 50 ms), then:
     .venv/bin/python benchmarks/overload.py --repository rn --model resnet50-cifar-w0.25 \
@@ -83,6 +86,7 @@ from edgeserve.tools.bench import default_ratios, split_rate
 from edgeserve.tools.demo import DEMO_SLO_MS
 from edgeserve.wire.frames import HEADER, encode_frame, parse_infer
 from edgeserve.wire.oip_client import OipClient, OipError
+from edgeserve.wire.oip_codec import InferRequest, Tensor, encode_request
 from edgeserve.wire.tensors import encode_tensor
 
 STATUS = {"ok": 0, "rejected": 1, "expired": 2}  # anything else (error, invalid, shutdown): 3
@@ -405,36 +409,26 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
 
 
 GRPC_METHOD = "/inference.GRPCInferenceService/"
-GRPC_BEHIND = 0.1  # a gRPC flood's arrival this long overdue and not yet sent counts as unsent
-GRPC_CHUNK = 128  # RPCs a gRPC flood starts per turn of the loop: its answers are stamped in between
+FLOOD_BEHIND = 0.1  # a gRPC or HTTP flood's arrival this long overdue and not yet sent counts as unsent
+FLOOD_CHUNK = 128  # requests such a flood starts per turn of the loop: its answers are stamped in between
 
 
-async def grpc_open_loop(
-    rpc: Callable[[bytes], Any],
-    requests: list[bytes],
+async def flood_open_loop(
+    send: Callable[[int], Awaitable[int]],
     record: Conn,
     t0: float,
     times: list[float],
     models: list[int],
     tasks: set[asyncio.Task[None]],
 ) -> None:
-    """One gRPC flood channel's open loop, as Conn.open_loop: each request started at its scheduled
-    time (at most GRPC_CHUNK per turn of the loop, the rest on the turns after), its send and answer
-    times (only the status of the answer) in `record`. A sender that falls behind drops what is more
-    than GRPC_BEHIND overdue as unsent, as a socket flood whose server stops reading does."""
-    import grpc
+    """One gRPC channel's or HTTP flood's open loop, as Conn.open_loop: each request started at its
+    scheduled time by `send(model index)` (at most FLOOD_CHUNK per turn of the loop, the rest on the
+    turns after), which answers its STATUS; its send and answer times (only the status of the
+    answer) in `record`. A sender that falls behind drops what is more than FLOOD_BEHIND overdue as
+    unsent, as a socket flood whose server stops reading does."""
 
-    statuses = {
-        grpc.StatusCode.UNAVAILABLE: STATUS["rejected"],
-        grpc.StatusCode.DEADLINE_EXCEEDED: STATUS["expired"],
-    }
-
-    async def one(call: Any, i: int) -> None:
-        try:
-            await call
-            status = STATUS["ok"]
-        except grpc.aio.AioRpcError as exc:
-            status = statuses.get(exc.code(), 3)
+    async def one(answer: Awaitable[int], i: int) -> None:
+        status = await answer
         record.ans_id.append(i)
         record.ans_st.append(status)
         record.ans_t.append(time.monotonic())
@@ -443,14 +437,14 @@ async def grpc_open_loop(
     while i < n:
         now = time.monotonic()
         due = bisect.bisect_right(times, now - t0, i)
-        stale = bisect.bisect_right(times, now - t0 - GRPC_BEHIND, i, due)
-        j = min(due, stale + GRPC_CHUNK)
+        stale = bisect.bisect_right(times, now - t0 - FLOOD_BEHIND, i, due)
+        j = min(due, stale + FLOOD_CHUNK)
         if j > i:
             record.lag_sum += (now - t0) * (j - i) - (csum[j] - csum[i])
             record.lag_max = max(record.lag_max, now - t0 - times[i])
             record.unsent += stale - i
             for k in models[stale:j]:
-                task = asyncio.ensure_future(one(rpc(requests[k]), len(record.sent_at)))
+                task = asyncio.ensure_future(one(send(k), len(record.sent_at)))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 record.sent_at.append(now)
@@ -458,6 +452,42 @@ async def grpc_open_loop(
             i = j
         if i < n:
             await asyncio.sleep(0 if i < due else max(TICK, t0 + times[i] - time.monotonic()))
+
+
+def grpc_sender(rpc: Callable[[bytes], Any], requests: list[bytes]) -> Callable[[int], Awaitable[int]]:
+    """flood_open_loop's `send` for a gRPC channel: the RPC started at once (as the call is made) on
+    model k's request serialised once; the awaitable answers the status of its answer."""
+    import grpc
+
+    statuses = {
+        grpc.StatusCode.UNAVAILABLE: STATUS["rejected"],
+        grpc.StatusCode.DEADLINE_EXCEEDED: STATUS["expired"],
+    }
+
+    async def status_of(call: Any) -> int:
+        try:
+            await call
+            return STATUS["ok"]
+        except grpc.aio.AioRpcError as exc:
+            return statuses.get(exc.code(), 3)
+
+    def send(k: int) -> Awaitable[int]:
+        return status_of(rpc(requests[k]))
+
+    return send
+
+
+def flood_plans(spec: dict[str, Any]) -> list[tuple[list[float], list[int]]]:
+    """Each flood connection's (or channel's) Poisson arrival times and model draws."""
+    names, seconds, plans = spec["models"], spec["seconds"], []
+    for i, c in enumerate(spec["conns"]):
+        rng, rate = np.random.default_rng(spec["seed"] + i), c["rate"]
+        times = np.cumsum(
+            rng.exponential(1.0 / rate, int(rate * seconds + 6 * math.sqrt(rate * seconds) + 10))
+        )
+        times = times[times < seconds].tolist()
+        plans.append((times, rng.choice(len(names), size=len(times), p=spec["weights"]).tolist()))
+    return plans
 
 
 async def run_grpc_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
@@ -468,7 +498,7 @@ async def run_grpc_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
     import grpc
     from tritonclient.grpc import service_pb2  # the interop extra, as GrpcOip's
 
-    names, seconds = spec["models"], spec["seconds"]
+    names = spec["models"]
     channels = [
         grpc.aio.insecure_channel(
             c["target"].removeprefix("grpc://"), options=[("grpc.use_local_subchannel_pool", 1)]
@@ -496,22 +526,14 @@ async def run_grpc_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
             requests.append(request.SerializeToString())
         for channel in channels:  # connected before the clock starts
             await asyncio.wait_for(channel.channel_ready(), 10.0)
-        records, plans = [Conn() for _ in channels], []
-        for i, c in enumerate(spec["conns"]):
-            rng, rate = np.random.default_rng(spec["seed"] + i), c["rate"]
-            times = np.cumsum(
-                rng.exponential(1.0 / rate, int(rate * seconds + 6 * math.sqrt(rate * seconds) + 10))
-            )
-            times = times[times < seconds].tolist()
-            plans.append((times, rng.choice(len(names), size=len(times), p=spec["weights"]).tolist()))
+        records, plans = [Conn() for _ in channels], flood_plans(spec)
         pipe.send(("ready", None))
         assert pipe.recv() == "go"
         cpu0, t0 = time.process_time(), time.monotonic()
         await asyncio.gather(
             *(
-                grpc_open_loop(
-                    channel.unary_unary(GRPC_METHOD + "ModelInfer"),
-                    requests,
+                flood_open_loop(
+                    grpc_sender(channel.unary_unary(GRPC_METHOD + "ModelInfer"), requests),
                     record,
                     t0,
                     times,
@@ -534,11 +556,102 @@ async def run_grpc_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
     return {"conns": [record.summary(deadlines_s) for record in records]}
 
 
+HTTP_STATUS = {200: STATUS["ok"], 429: STATUS["rejected"], 503: STATUS["rejected"], 504: STATUS["expired"]}
+
+
+def http_sender(
+    session: Any, url: str, names: list[str], requests: list[tuple[bytes, dict[str, str]]]
+) -> Callable[[int], Awaitable[int]]:
+    """flood_open_loop's `send` for the HTTP flood: POST model k's body (encoded once) and headers;
+    only the HTTP status is read (the body is read and discarded), any other status or a failure of
+    the exchange is an error."""
+    import aiohttp
+
+    paths = [f"{url}/v2/models/{name}/infer" for name in names]
+
+    async def send(k: int) -> int:
+        body, headers = requests[k]
+        try:
+            async with session.post(paths[k], data=body, headers=headers) as resp:
+                await resp.read()
+                return HTTP_STATUS.get(resp.status, 3)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return 3
+
+    return send
+
+
+async def run_http_flood_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, Any]:
+    """The fairness case's flood with `--flood-over http`: the Open Inference Protocol's HTTP front, an
+    open loop per `--floods` share (each its own Conn, never connected, for the same summary) on one
+    aiohttp session; each model's request encoded once (edgeserve's encode_request, binary tensors,
+    `deadline_ms` a request parameter), only the status of each answer read. Same messages to the
+    orchestrator as `run_phase`."""
+    import aiohttp
+
+    names, url = spec["models"], spec["conns"][0]["target"]
+    # An HTTP/1.1 client needs a connection per request in flight (no pipelining in aiohttp), and the
+    # server's window per connection does not apply to HTTP: 64 connections per flood share, as the
+    # polite HTTP client's pool (run_http_phase makes its OipClient with max_connections=64; OipClient's
+    # own default, edgeserve/wire/oip_client.py, is 16). Arrivals past them wait in aiohttp's pool,
+    # counted as sent: their wait for a free connection is part of their latency.
+    connections = 64 * len(spec["conns"])
+    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections)
+    tasks: set[asyncio.Task[None]] = set()
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=30.0), raise_for_status=False
+    ) as session:
+        try:
+            requests = []
+            for k, model in enumerate(names):
+                async with session.get(f"{url}/v2/models/{model}") as resp:
+                    if resp.status != 200:
+                        raise RuntimeError(f"GET {url}/v2/models/{model}: HTTP {resp.status}")
+                    (tensor,) = (await resp.json())["inputs"]
+                shape = [1 if int(d) < 0 else int(d) for d in tensor["shape"]]
+                dtype = tensor["datatype"].lower().replace("fp", "float")  # FP32 -> float32, UINT8 -> uint8
+                x = np.random.default_rng(k).standard_normal(shape).astype(dtype)
+                # binary_data_output: the outputs raw, as OipClient.infer asks with binary=True
+                parameters = {"deadline_ms": spec["deadlines_ms"][k], "binary_data_output": True}
+                requests.append(
+                    encode_request(InferRequest([Tensor(tensor["name"], x)], [], None, parameters))
+                )
+
+            async def ready() -> None:
+                async with session.get(f"{url}/v2/health/ready") as resp:
+                    await resp.read()
+
+            # the pool's connections opened before the clock starts (the gRPC flood's channel_ready)
+            await asyncio.wait_for(asyncio.gather(*(ready() for _ in range(connections))), 10.0)
+            records, plans = [Conn() for _ in spec["conns"]], flood_plans(spec)
+            send = http_sender(session, url, names, requests)
+            pipe.send(("ready", None))
+            assert pipe.recv() == "go"
+            cpu0, t0 = time.process_time(), time.monotonic()
+            await asyncio.gather(
+                *(
+                    flood_open_loop(send, record, t0, times, models, tasks)
+                    for record, (times, models) in zip(records, plans, strict=True)
+                )
+            )
+            pipe.send(("sent", time.monotonic() - t0, time.process_time() - cpu0))
+            if tasks:
+                await asyncio.wait(set(tasks), timeout=spec["grace"])
+        finally:
+            for task in list(tasks):  # no answer within the grace: lost
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    deadlines_s = np.array(spec["deadlines_ms"]) / 1e3
+    return {"conns": [record.summary(deadlines_s) for record in records]}
+
+
 def phase_for(spec: dict[str, Any]) -> Callable[[dict[str, Any], Connection], Awaitable[dict[str, Any]]]:
     if "http" in spec:
         return run_http_phase
     if spec["conns"] and all(c["target"].startswith("grpc://") for c in spec["conns"]):
         return run_grpc_phase  # the flood with --flood-over grpc
+    if spec["conns"] and all(c["target"].startswith("http://") for c in spec["conns"]):
+        return run_http_flood_phase  # the flood with --flood-over http
     return run_phase
 
 
@@ -742,7 +855,7 @@ def write_config(
         f"unix = {json.dumps(str(sock))}",
         'unix_mode = "0600"',
         f'tcp = "127.0.0.1:{ports[0]}"',
-        *([f'http = "127.0.0.1:{ports[2]}"'] if args.polite == "http" else []),
+        *([f'http = "127.0.0.1:{ports[2]}"'] if "http" in (args.polite, args.flood_over) else []),
         *([f'grpc = "127.0.0.1:{ports[3]}"'] if "grpc" in (args.polite, args.flood_over) else []),
         *([f"max_in_flight = {args.max_in_flight}"] if args.max_in_flight else []),
         *([f"max_in_flight_total = {args.max_in_flight_total}"] if args.max_in_flight_total else []),
@@ -800,7 +913,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--floods",
         type=int,
         default=1,
-        help="fairness: connections (gRPC: channels) sharing the flood's rate (default 1)",
+        help="fairness: connections (gRPC: channels; HTTP: open loops, 64 connections each) sharing the "
+        "flood's rate (default 1)",
     )
     parser.add_argument(
         "--pin",
@@ -810,11 +924,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--flood-over",
-        choices=("socket", "grpc"),
+        choices=("socket", "grpc", "http"),
         default="socket",
         help="fairness: the flood as raw socket frames (default), or over gRPC (grpc.aio's generic calls, "
-        "each model's request serialised once; the server then listens on gRPC too): a sender that "
-        "falls behind shows as unsent and send lag",
+        "each model's request serialised once; the server then listens on gRPC too), or over HTTP (the "
+        "Open Inference Protocol, aiohttp with 64 connections per --floods share, each model's "
+        "binary-tensor body encoded once; the server then listens on HTTP too): a sender that falls "
+        "behind shows as unsent and send lag",
     )
     parser.add_argument(
         "--polite",
@@ -940,7 +1056,9 @@ def sweep(
         time.sleep(args.pause)
         flood = base | {"seconds": args.seconds, "seed": args.seed + 7}
         rate = args.flood * capacity / args.floods
-        flooded = [f"grpc://127.0.0.1:{base['grpc_port']}"] if args.flood_over == "grpc" else targets
+        flooded = targets  # --flood-over socket: the connections of the levels
+        if args.flood_over in ("grpc", "http"):
+            flooded = [f"{args.flood_over}://127.0.0.1:{base[f'{args.flood_over}_port']}"]
         flood["conns"] = [{"target": flooded[k % len(flooded)], "rate": rate} for k in range(args.floods)]
         polite = flood | {"seed": args.seed + 8, "conns": [{"target": targets[-1], "rate": 0.1 * capacity}]}
         if args.polite in ("http", "grpc"):

@@ -58,7 +58,7 @@ class HttpGuard:
             self._limits = limits = HttpLimits.from_listen(self.listen)
             derived = self.listen.http_max_connections is None
             _log.info(
-                "HTTP listeners: at most %d connections, %d on one listener%s",
+                "HTTP listeners: at most %d connections, %d on one listener (gRPC's too)%s",
                 limits.max_connections,
                 limits.max_connections_per_listener,
                 " (derived from RLIMIT_NOFILE; listen.http_max_connections sets them)" if derived else "",
