@@ -28,6 +28,23 @@ def edgeserve(*argv: str | Path) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
+QUICK_PROFILE = ("--max-batch", "2", "--repeats", "3", "--warmup", "1", "--threads", "1")
+
+
+def profile_quick(root: Path, models: list[str]) -> None:
+    """`models` of the repository at `root` profiled by the profiler as a subprocess, in seconds
+    (batches up to 2, 3 repeats, 1 thread)."""
+    flags = [arg for model in models for arg in ("--model", model)]
+    profile = subprocess.run(
+        [sys.executable, "-m", "edgeserve.profiler", *flags, "--repository", str(root), *QUICK_PROFILE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert profile.returncode == 0, profile.stderr
+
+
 def one_line_error(rc: int, err: str) -> str:
     """The error line of a failed command: exit 1, one line, no traceback."""
     assert rc == 1, err

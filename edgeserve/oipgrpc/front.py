@@ -428,10 +428,11 @@ class OipGrpcFront:
         deadline: dict[str, float],
     ) -> None:
         """(On the Server's loop.) The task that answers `reply` on the gRPC loop."""
-        assert self._to_grpc is not None
+        to_grpc = self._to_grpc
+        assert to_grpc is not None
         task = asyncio.ensure_future(self._infer(model, found, deadline))
         started.append(task)
-        task.add_done_callback(lambda done: self._to_grpc.call(_settle, reply, done))  # type: ignore[union-attr]
+        task.add_done_callback(lambda done: to_grpc.call(_settle, reply, done))
 
     async def _infer(self, model: str, found: list[Sample], deadline: dict[str, float]) -> list[Result]:
         """(On the Server's loop, which also reads stats.by_status for the metrics.)"""

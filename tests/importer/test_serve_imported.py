@@ -10,15 +10,13 @@ state without a batch dimension) and two outputs, served one sample at a time.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from importer_support import REPO, edgeserve
+from importer_support import edgeserve, profile_quick
 from net_support import net_config, server_thread
 from third_party_models import third_party_model
 
@@ -39,7 +37,6 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "vad": ("silero-vad", ["--shape", "input=N,512", "--shape", "state=2,1,128", "--value", "sr=16000"]),
 }
 SAMPLES = 3
-QUICK = ["--max-batch", "2", "--repeats", "3", "--warmup", "1", "--threads", "1"]
 ATOL = 1e-4
 
 
@@ -50,15 +47,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, (key, extra) in CASES.items():
         rc, _, err = edgeserve("import", third_party_model(key), "--name", name, "--repository", root, *extra)
         assert rc == 0, err
-    models = [arg for name in CASES for arg in ("--model", name)]
-    profile = subprocess.run(
-        [sys.executable, "-m", "edgeserve.profiler", *models, "--repository", str(root), *QUICK],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    assert profile.returncode == 0, profile.stderr
+    profile_quick(root, list(CASES))
     return root
 
 

@@ -5,17 +5,14 @@ one server that listens on both."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from importer_support import edgeserve
+from importer_support import edgeserve, profile_quick
 from net_support import ServerThread, server_thread
 from oip_support import http_url, oip_config
-from repo_paths import REPO
 from runtime_support import export_digits
 from third_party_models import third_party_model
 
@@ -27,7 +24,6 @@ import tritonclient.http as httpclient  # noqa: E402
 
 DIGITS = ("digits-s", "digits-m", "digits-l")
 VAD = ("vad", ["--shape", "input=N,512", "--shape", "state=2,1,128", "--value", "sr=16000"])
-QUICK = ["--max-batch", "2", "--repeats", "3", "--warmup", "1", "--threads", "1"]
 DATATYPE = {"float32": "FP32", "int64": "INT64", "int32": "INT32", "uint8": "UINT8"}
 
 
@@ -41,15 +37,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThr
     vad = third_party_model("silero-vad")
     rc, _, err = edgeserve("import", vad, "--name", name, "--repository", root, *extra)
     assert rc == 0, err
-    models = [arg for model in (*DIGITS, name) for arg in ("--model", model)]
-    profile = subprocess.run(
-        [sys.executable, "-m", "edgeserve.profiler", *models, "--repository", str(root), *QUICK],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    assert profile.returncode == 0, profile.stderr
+    profile_quick(root, [*DIGITS, name])
     config = oip_config(root, models={m: {"slo_ms": 500} for m in (*DIGITS, name)}, grpc="127.0.0.1:0")
     with server_thread(config) as srv:
         yield srv, repository
