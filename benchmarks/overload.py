@@ -376,7 +376,10 @@ async def run_http_phase(spec: dict[str, Any], pipe: Connection) -> dict[str, An
         async def one(i: int, k: int) -> None:
             parameters = {"deadline_ms": spec["deadlines_ms"][k]}
             try:
-                await client.infer(names[k], inputs[k], parameters=parameters, timeout_s=30.0)
+                # gRPC: the deadline set as the client's gRPC deadline too, as a camera would
+                # (docs/oip.md: only it counts the call's wait before it reaches the server)
+                timeout_s = spec["deadlines_ms"][k] / 1e3 if isinstance(client, GrpcOip) else 30.0
+                await client.infer(names[k], inputs[k], parameters=parameters, timeout_s=timeout_s)
                 status = STATUS["ok"]
             except OipError as exc:
                 status = statuses.get(exc.status or 0, 3)
@@ -938,7 +941,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="socket",
         help="fairness: the polite client on a socket connection (TCP), or over HTTP (the Open "
         "Inference Protocol, OipClient with binary tensors; the server then listens on HTTP too), or "
-        "over gRPC (tritonclient.grpc.aio; the server then listens on gRPC too)",
+        "over gRPC (tritonclient.grpc.aio, its deadline also as the gRPC deadline, client_timeout; the "
+        "server then listens on gRPC too)",
     )
     parser.add_argument("--no-calibration", action="store_true", help="[scheduler] calibration = false")
     parser.add_argument("--policy", help="[scheduler] policy (default: the server's)")

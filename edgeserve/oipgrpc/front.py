@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -33,6 +34,7 @@ from edgeserve.config.access import bearer_ok, warn_if_exposed
 from edgeserve.config.http_limits import HttpLimits
 from edgeserve.config.server import ListenConfig
 from edgeserve.errors import listen_failure
+from edgeserve.oipgrpc.fair_gate import FairGate, Ticket
 from edgeserve.oipgrpc.limits import server_options
 from edgeserve.oipgrpc.loop_thread import Crossing, LoopThread
 from edgeserve.oipgrpc.proto import grpc_service_pb2 as pb
@@ -98,6 +100,18 @@ CONTENTS = {
 }
 # The least deadline a gRPC deadline is turned into (a deadline already past is answered expired).
 MIN_DEADLINE_MS = 0.001
+
+
+@dataclass(slots=True)
+class Request:
+    """A ModelInfer request read: whose (`context.peer()`: one per connection), its samples, the
+    Server.infer deadline keywords, and the time.monotonic() it came to the handler."""
+
+    peer: str
+    model: str
+    found: list[Sample]
+    deadline: dict[str, float]
+    received: float
 
 
 class Refusal(Exception):
@@ -198,6 +212,9 @@ class OipGrpcFront:
         self._stopping: asyncio.Task[None] | None = None
         self._limits = limits or (lambda: HttpLimits.from_listen(listen))
         self._tables = ModelTables(server)  # per model: its tensors and what a request may carry
+        self._gate = FairGate(self._total)  # on the Server's loop
+        self._in_flight_total = 1 << 30  # [listen] max_in_flight_total, resolved at start
+        self._total_at = (math.nan, 0)  # (loop time, the total in force then)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -229,8 +246,10 @@ class OipGrpcFront:
     async def start(self) -> str:
         """Listen on listen.grpc (call on the Server's loop); returns host:port (the real port when
         0 was asked)."""
-        window = self.listen.resolved(*self.server.window_bounds()).max_in_flight
+        resolved = self.listen.resolved(*self.server.window_bounds())
+        window = resolved.max_in_flight
         assert window is not None
+        self._in_flight_total = resolved.in_flight_total
         options = server_options(self.listen, self._limits(), window)
         beside = LoopThread("edgeserve-grpc")
         self._to_server, self._to_grpc = Crossing(asyncio.get_running_loop()), Crossing(beside.loop)
@@ -393,7 +412,12 @@ class OipGrpcFront:
         self, request: Any, remaining: float | None
     ) -> tuple[str, InferRequest, list[Sample], dict[str, float]]:
         """The model, the request, its samples and Server.infer's deadline keywords; Refusal if bad.
-        A request whose parameters give no deadline gets the gRPC deadline the client set, if any."""
+        A request whose parameters give no deadline gets the gRPC deadline the client set, if any;
+        one with a budget (`deadline_ms`, `timeout`) and a gRPC deadline gets the tighter. A budget
+        runs from the request's arrival here, the gRPC deadline from the client's call (gRPC sends
+        what is left of it when the call leaves the client): only the latter counts the time the
+        call waited in the client's channel for a free stream (`grpc.max_concurrent_streams`) and
+        in grpc's queue here, which under overload is most of its deadline."""
         model = self._model(request.model_name, request.model_version)
         try:
             infer, found = read_infer(request, self._tables.inputs(model))
@@ -401,60 +425,83 @@ class OipGrpcFront:
         except OipMessageError as exc:
             self.stats.protocol_errors += 1
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if not deadline and remaining is not None:
-            deadline = {"deadline_ms": max(remaining * 1000.0, MIN_DEADLINE_MS)}
+        if remaining is not None and "capture_ts" not in deadline:
+            left_ms = max(remaining * 1000.0, MIN_DEADLINE_MS)
+            deadline = {"deadline_ms": min(deadline.get("deadline_ms", left_ms), left_ms)}
         return model, infer, found, deadline
 
-    async def _run(self, model: str, found: list[Sample], deadline: dict[str, float]) -> list[Result]:
-        """The samples' Results, from Server.infer on the Server's loop; the RPC cancelled (its
-        client went away) cancels them there too, which drops what is still queued."""
+    async def _run(self, request: Request) -> list[Result]:
+        """The samples' Results, from Server.infer on the Server's loop, in the peer's turn there
+        (fair_gate.py); the RPC cancelled (its client went away) cancels them there too, which
+        drops what is still waiting or queued."""
         assert self._to_server is not None
         reply: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
-        started: list[asyncio.Task[list[Result]]] = []  # the Server loop's task, once it runs
-        self._to_server.call(self._start, reply, started, model, found, deadline)
+        ticket = Ticket(len(request.found))
+        self._to_server.call(self._start, reply, ticket, request)
         try:
             return await reply
         except asyncio.CancelledError:
             self.stats.discarded += 1
-            self._to_server.call(lambda: started and started[0].cancel())  # (after _start: in order)
+            self._to_server.call(self._gate.cancel, ticket)  # (after _start: in order)
             raise
 
-    def _start(
-        self,
-        reply: asyncio.Future[list[Result]],
-        started: list[asyncio.Task[list[Result]]],
-        model: str,
-        found: list[Sample],
-        deadline: dict[str, float],
-    ) -> None:
-        """(On the Server's loop.) The task that answers `reply` on the gRPC loop."""
-        to_grpc = self._to_grpc
+    def _start(self, reply: asyncio.Future[list[Result]], ticket: Ticket, request: Request) -> None:
+        """(On the Server's loop.) Into the gate; the task that answers `reply` on the gRPC loop
+        once it is let through."""
+        gate, to_grpc = self._gate, self._to_grpc
         assert to_grpc is not None
-        task = asyncio.ensure_future(self._infer(model, found, deadline))
-        started.append(task)
-        task.add_done_callback(lambda done: to_grpc.call(_settle, reply, done))
 
-    async def _infer(self, model: str, found: list[Sample], deadline: dict[str, float]) -> list[Result]:
-        """(On the Server's loop, which also reads stats.by_status for the metrics.)"""
+        def done(task: asyncio.Task[object]) -> None:
+            gate.leave(ticket)
+            to_grpc.call(_settle, reply, task)
+
+        def begin() -> asyncio.Task[object]:
+            task: asyncio.Task[object] = asyncio.ensure_future(self._infer(request))
+            task.add_done_callback(done)
+            return task
+
+        gate.enter(request.peer, ticket, begin)
+
+    def _total(self, in_flight: int) -> int:
+        """(On the Server's loop.) The gRPC front's in-flight total in force, as the socket front's
+        (Frontend.refresh_total): what the server should hold now, at most the configured total;
+        asked once per loop time (uvloop's, to the millisecond), as there."""
+        now = asyncio.get_running_loop().time()
+        if now != self._total_at[0]:
+            margin = self.listen.reply_margin_ms / 1000.0
+            limit = min(self._in_flight_total, self.server.in_flight_limit(in_flight, margin))
+            self._total_at = (now, limit)
+        return self._total_at[1]
+
+    async def _infer(self, request: Request) -> list[Result]:
+        """(On the Server's loop, which also reads stats.by_status for the metrics.) The deadline
+        runs from the request's arrival on the gRPC loop (`received`): its wait in the gate and
+        its crossings count."""
         margin = self.listen.reply_margin_ms / 1000.0
+        model, found, deadline, infer = request.model, request.found, request.deadline, self.server.infer
         if len(found) == 1:
-            results = [await self.server.infer(model, found[0], reply_margin_s=margin, **deadline)]
+            results = [
+                await infer(model, found[0], reply_margin_s=margin, received=request.received, **deadline)
+            ]
         else:
             results = list(
                 await asyncio.gather(
-                    *(self.server.infer(model, x, reply_margin_s=margin, **deadline) for x in found)
+                    *(
+                        infer(model, x, reply_margin_s=margin, received=request.received, **deadline)
+                        for x in found
+                    )
                 )
             )
         for result in results:
             self.stats.by_status[result.status.value] = self.stats.by_status.get(result.status.value, 0) + 1
         return results
 
-    async def _answer(self, request: Any, remaining: float | None) -> Any:
+    async def _answer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """The ModelInferResponse for one request; Refusal for one refused or failed."""
         received = time.monotonic()
         self.stats.requests += 1
-        model, infer, found, deadline = self._read(request, remaining)
-        results = await self._run(model, found, deadline)
+        model, infer, found, deadline = self._read(request, context.time_remaining())
+        results = await self._run(Request(context.peer(), model, found, deadline, received))
         failure = _failure(results)
         if failure is not None:
             raise Refusal(*failure)
@@ -468,6 +515,8 @@ class OipGrpcFront:
             response.outputs.add(name=spec.name, datatype=datatype_of(data), shape=data.shape)
             response.raw_output_contents.append(tensor_bytes(data))
         parameters = answer_parameters(results)
+        # from the request's arrival here, as HTTP's (Result.queued is its later one at the Server)
+        parameters["edgeserve_deadline_ms"] = round((results[0].deadline - received) * 1000.0, 3)
         parameters["edgeserve_server_ms"] = round((time.monotonic() - received) * 1000.0, 3)
         for key, value in parameters.items():
             set_parameter(response.parameters[key], value)
@@ -475,7 +524,7 @@ class OipGrpcFront:
 
     async def _model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await self._answer(request, context.time_remaining())
+            return await self._answer(request, context)
         except Refusal as exc:
             await context.abort(exc.code, exc.message)
 
@@ -489,7 +538,7 @@ class OipGrpcFront:
 
         async def one(request: Any) -> None:
             try:
-                response = await self._answer(request, context.time_remaining())
+                response = await self._answer(request, context)
                 answer = pb.ModelStreamInferResponse(infer_response=response)
             except Refusal as exc:
                 answer = _stream_error(request, exc.message)

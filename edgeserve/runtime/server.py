@@ -427,6 +427,7 @@ class Server:
         deadline_ms: float | None = None,
         capture_ts: float | None = None,
         reply_margin_s: float = 0.0,
+        received: float | None = None,
     ) -> Result:
         """Queue one sample (the model's per-sample shape and dtype) and await its Result.
 
@@ -435,10 +436,11 @@ class Server:
         moment the frame was captured, and a frame already past it is answered `expired` at once;
         neither: the model's SLO from now. A front passes `reply_margin_s`, the time its answer
         needs to reach the client ([listen] reply_margin_ms): the scheduler plans to finish that
-        much earlier (see _enqueue). Do not modify `x` until the result is back: it is stacked
-        into the batch when its batch runs. Cancelling the call withdraws a queued sample.
+        much earlier (see _enqueue), and `received`, as `enqueue`'s, when the request waited
+        since it was read. Do not modify `x` until the result is back: it is stacked into the
+        batch when its batch runs. Cancelling the call withdraws a queued sample.
         """
-        future, task = self._submit(model, x, deadline_ms, capture_ts, reply_margin_s)
+        future, task = self._submit(model, x, deadline_ms, capture_ts, reply_margin_s, received)
         try:
             return await future
         except asyncio.CancelledError:
@@ -456,16 +458,28 @@ class Server:
     ) -> asyncio.Future[Result]:
         """`infer` without a coroutine (call it on the loop): the future resolves to the Result, at
         once for a refusal; cancelling it does not withdraw the sample."""
-        return self._submit(model, x, deadline_ms, capture_ts, 0.0)[0]
+        return self._submit(model, x, deadline_ms, capture_ts, 0.0, None)[0]
 
     def _submit(
-        self, model: str, x: Sample, deadline_ms: float | None, capture_ts: float | None, margin_s: float
+        self,
+        model: str,
+        x: Sample,
+        deadline_ms: float | None,
+        capture_ts: float | None,
+        margin_s: float,
+        received: float | None,
     ) -> tuple[asyncio.Future[Result], Task | None]:
         # The server's own loop (it is loop-only): asyncio.get_running_loop() is a getpid() call.
         future: asyncio.Future[Result] = (self._loop or asyncio.get_running_loop()).create_future()
         reply = functools.partial(_resolve, future)
         task = self.enqueue(
-            model, x, reply, deadline_ms=deadline_ms, capture_ts=capture_ts, reply_margin_s=margin_s
+            model,
+            x,
+            reply,
+            deadline_ms=deadline_ms,
+            capture_ts=capture_ts,
+            reply_margin_s=margin_s,
+            received=received,
         )
         return future, task
 

@@ -232,6 +232,11 @@ def test_tritons_timeout_parameter_and_the_grpc_deadline_set_the_deadline(triton
     assert 4000 < deadline <= 5100  # (gRPC rounds the timeout it sends up)
     result = triton.infer("tiny_b", [grpc_input(x)])  # neither: the model's SLO
     assert result.get_response().parameters["edgeserve_deadline_ms"].double_param == 1000
+    # both: the tighter (the gRPC deadline also counts the call's wait before it reached the server)
+    result = triton.infer("tiny_b", [grpc_input(x)], parameters={"deadline_ms": 60_000}, client_timeout=5.0)
+    assert 4000 < result.get_response().parameters["edgeserve_deadline_ms"].double_param <= 5100
+    result = triton.infer("tiny_b", [grpc_input(x)], parameters={"deadline_ms": 300}, client_timeout=5.0)
+    assert result.get_response().parameters["edgeserve_deadline_ms"].double_param == 300
 
 
 def test_a_deadline_too_short_is_deadline_exceeded(triton) -> None:

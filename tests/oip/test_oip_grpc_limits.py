@@ -153,3 +153,28 @@ def test_one_connection_has_at_most_its_window_of_rpcs_at_once(
         assert stats.requests == 3
         assert all(call.result(timeout=20).model_name == "tiny_a" for call in calls)  # then served
     assert stats.requests == 5
+
+
+def test_past_the_in_flight_total_a_second_connection_goes_before_the_first_ones_backlog(root: Path) -> None:
+    """The gate (oipgrpc/fair_gate.py) with a total of 2 and a 0.5 s backend: one connection's six
+    RPCs and then another's one; the other's is answered in the second batch, not after the six."""
+    config = oip_config(root, grpc="127.0.0.1:0", max_in_flight=8, max_in_flight_total=2)
+    with server_thread(config, HookedFactory(delay_s=0.5)) as srv, ExitStack() as stack:
+        assert srv.net.grpc is not None
+        stats = srv.net.grpc.stats
+        flood, polite = (
+            stack.enter_context(grpc.insecure_channel(grpc_address(srv), options=OWN_CONNECTION))
+            for _ in range(2)
+        )
+        for channel in (flood, polite):  # connected and warm first
+            assert infer_on(channel)(request(), timeout=10).model_name == "tiny_a"
+        answered: list[str] = []
+        floods = [infer_on(flood).future(request()) for _ in range(6)]
+        assert wait_until(lambda: stats.requests >= 8)
+        polite_call = infer_on(polite).future(request())
+        for i, call in enumerate(floods):
+            call.add_done_callback(lambda _, i=i: answered.append(f"flood{i}"))
+        polite_call.add_done_callback(lambda _: answered.append("polite"))
+        assert polite_call.result(timeout=20).model_name == "tiny_a"
+        assert all(call.result(timeout=20).model_name == "tiny_a" for call in floods)
+    assert answered.index("polite") < answered.index("flood4"), answered
