@@ -215,6 +215,7 @@ class OipGrpcFront:
         self._gate = FairGate(self._total)  # on the Server's loop
         self._in_flight_total = 1 << 30  # [listen] max_in_flight_total, resolved at start
         self._total_at = (math.nan, 0)  # (loop time, the total in force then)
+        self._margin_s = listen.reply_margin_ms / 1000.0  # Server.infer's reply_margin_s
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -468,8 +469,7 @@ class OipGrpcFront:
         asked once per loop time (uvloop's, to the millisecond), as there."""
         now = asyncio.get_running_loop().time()
         if now != self._total_at[0]:
-            margin = self.listen.reply_margin_ms / 1000.0
-            limit = min(self._in_flight_total, self.server.in_flight_limit(in_flight, margin))
+            limit = min(self._in_flight_total, self.server.in_flight_limit(in_flight, self._margin_s))
             self._total_at = (now, limit)
         return self._total_at[1]
 
@@ -477,21 +477,12 @@ class OipGrpcFront:
         """(On the Server's loop, which also reads stats.by_status for the metrics.) The deadline
         runs from the request's arrival on the gRPC loop (`received`): its wait in the gate and
         its crossings count."""
-        margin = self.listen.reply_margin_ms / 1000.0
-        model, found, deadline, infer = request.model, request.found, request.deadline, self.server.infer
+        model, found, infer = request.model, request.found, self.server.infer
+        keywords = {"reply_margin_s": self._margin_s, "received": request.received, **request.deadline}
         if len(found) == 1:
-            results = [
-                await infer(model, found[0], reply_margin_s=margin, received=request.received, **deadline)
-            ]
+            results = [await infer(model, found[0], **keywords)]
         else:
-            results = list(
-                await asyncio.gather(
-                    *(
-                        infer(model, x, reply_margin_s=margin, received=request.received, **deadline)
-                        for x in found
-                    )
-                )
-            )
+            results = list(await asyncio.gather(*(infer(model, x, **keywords) for x in found)))
         for result in results:
             self.stats.by_status[result.status.value] = self.stats.by_status.get(result.status.value, 0) + 1
         return results
